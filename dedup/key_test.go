@@ -1,0 +1,98 @@
+package dedup_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+func TestValidateKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		key  string
+		want error
+	}{
+		{"ordinary", "order-42", nil},
+		{"unicode", "заказ-42", nil},
+		{"255 bytes", strings.Repeat("k", 255), nil},
+		{"empty", "", dedup.ErrKeyRequired},
+		{"256 bytes", strings.Repeat("k", 256), dedup.ErrKeyInvalid},
+		{"not utf-8", "order-\xff", dedup.ErrKeyInvalid},
+		{"newline", "order\n42", dedup.ErrKeyInvalid},
+		{"nul", "order\x0042", dedup.ErrKeyInvalid},
+		{"c1 control", "order\u008542", dedup.ErrKeyInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := dedup.ValidateKey(tc.key)
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Fatalf("ValidateKey = %v, want %v", err, tc.want)
+			}
+			if err != nil && tc.key != "" && strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("error text carries the raw key: %v", err)
+			}
+		})
+	}
+}
+
+func TestJSONFieldsFingerprint(t *testing.T) {
+	t.Parallel()
+	fp := dedup.JSONFieldsFingerprint("amount", "currency", "payer.account")
+	same := []string{
+		`{"amount":100,"currency":"EUR","payer":{"account":"A"},"note":"x"}`,
+		`{"note":"y","payer":{"name":"n","account":"A"},"currency":"EUR","amount":100}`,
+		" {\n\t\"amount\" : 100 , \"currency\":\"EUR\",\"payer\":{\"account\":\"A\"}} ",
+	}
+	first, err := fp([]byte(same[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range same[1:] {
+		got, err := fp([]byte(body))
+		if err != nil || got != first {
+			t.Fatalf("fingerprint of %s differs (%v)", body, err)
+		}
+	}
+	for _, body := range []string{
+		`{"amount":101,"currency":"EUR","payer":{"account":"A"}}`,
+		`{"amount":100,"currency":"USD","payer":{"account":"A"}}`,
+		`{"amount":100,"currency":"EUR","payer":{"account":"B"}}`,
+		`{"amount":"100","currency":"EUR","payer":{"account":"A"}}`,
+	} {
+		got, err := fp([]byte(body))
+		if err != nil || got == first {
+			t.Fatalf("fingerprint of %s should differ (%v)", body, err)
+		}
+	}
+	for _, bad := range []string{``, `not json`, `[1,2]`, `{"a":1} {"b":2}`, `"str"`} {
+		if _, err := fp([]byte(bad)); !errors.Is(err, dedup.ErrFingerprint) {
+			t.Fatalf("fingerprint of %q: %v, want ErrFingerprint", bad, err)
+		}
+	}
+}
+
+func TestDerivedKeyAndKeyHash(t *testing.T) {
+	t.Parallel()
+	a := dedup.DerivedKey("payments", "t1", "order-1", "capture")
+	if a != dedup.DerivedKey("payments", "t1", "order-1", "capture") {
+		t.Fatal("derived key not deterministic")
+	}
+	for _, other := range []string{
+		dedup.DerivedKey("payments", "t1", "order-1", "refund"),
+		dedup.DerivedKey("payments", "t2", "order-1", "capture"),
+		dedup.DerivedKey("payments", "t1", "order-2", "capture"),
+		dedup.DerivedKey("payments", "t1o", "rder-1", "capture"),
+	} {
+		if other == a {
+			t.Fatalf("derived keys collide: %s", a)
+		}
+	}
+	if len(a) > dedup.MaxKeyLen || dedup.ValidateKey(a) != nil {
+		t.Fatalf("derived key %q is not itself a valid key", a)
+	}
+	if h := dedup.KeyHash("payments", "", "order-1"); len(h) != 12 || strings.Contains(h, "order") {
+		t.Fatalf("key hash %q", h)
+	}
+}

@@ -1,0 +1,65 @@
+package dedup
+
+// statements holds the SQL of a store, with its schema filled in.
+type statements struct {
+	reserve, complete, release, extend, inspect, checkpoint string
+	gcCompleted, gcAbandoned                                string
+}
+
+func newStatements(schema string) statements {
+	t := schema + ".keys"
+	return statements{
+		// One statement decides the race: insert, or take over an expired
+		// lease of the same operation, or return nothing.
+		reserve: `INSERT INTO ` + t + ` AS k
+    (consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)
+VALUES ($1, $2, $3, 'in_progress', $4, $5, now() + $6::bigint * interval '1 microsecond', 1, $7, $8)
+ON CONFLICT (consumer, tenant, key) DO UPDATE
+    SET lease_token  = excluded.lease_token,
+        locked_until = excluded.locked_until,
+        attempts     = k.attempts + 1,
+        trace_id     = coalesce(excluded.trace_id, k.trace_id),
+        span_id      = coalesce(excluded.span_id, k.span_id),
+        updated_at   = now()
+    WHERE k.state = 'in_progress'
+      AND k.locked_until <= now()
+      AND k.fingerprint = excluded.fingerprint
+RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
+
+		complete: `UPDATE ` + t + `
+SET state = 'completed', outcome = $5, response_code = $6, response = $7,
+    lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		release: `UPDATE ` + t + `
+SET lease_token = NULL, locked_until = now(), updated_at = now()
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		extend: `UPDATE ` + t + `
+SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'
+RETURNING locked_until`,
+
+		checkpoint: `UPDATE ` + t + `
+SET recovery_point = $5, recovery_data = $6, steps = array_append(steps, $5), updated_at = now()
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		inspect: `SELECT consumer, tenant, key, state, fingerprint,
+    (state = 'in_progress' AND locked_until > now()), locked_until,
+    attempts, recovery_point, recovery_data, steps, outcome, response_code, response,
+    trace_id, span_id, created_at, updated_at, completed_at
+FROM ` + t + `
+WHERE consumer = $1 AND tenant = $2 AND key = $3`,
+
+		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
+		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
+    SELECT consumer, tenant, key FROM ` + t + `
+    WHERE state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+
+		gcAbandoned: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
+    SELECT consumer, tenant, key FROM ` + t + `
+    WHERE state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+	}
+}

@@ -1,0 +1,353 @@
+package dedup
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store is the Postgres key store. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	sql  statements
+}
+
+// NewStore returns a store over pool. A nil cfg means defaults. The tables
+// must exist: run Migrate first (or `idemq migrate`).
+func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("dedup: nil pool")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize())}, nil
+}
+
+// Config returns the store's configuration with defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// Pool returns the pool the store runs its own statements on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Claim is what a reservation is asked for.
+type Claim struct {
+	// Consumer is the stable name of the handler: one scope per handler.
+	Consumer string
+	// Tenant scopes the key further; "" is the default tenant.
+	Tenant string
+	// Key is the publisher's idempotency key, validated with ValidateKey.
+	Key string
+	// Fingerprint identifies the operation's significant content.
+	Fingerprint Fingerprint
+	// TraceID and SpanID (hex) identify the processing span, stored so that a
+	// duplicate can link to the processing it duplicated. Optional.
+	TraceID, SpanID string
+	// Lease overrides the store's lease duration when positive.
+	Lease time.Duration
+}
+
+// Decision is how a reservation ended.
+type Decision int
+
+// The decisions of Reserve.
+const (
+	// Acquired: the caller holds the lease and must Complete or Release it.
+	Acquired Decision = iota + 1
+	// Duplicate: the key is completed with the same fingerprint; the stored
+	// result is in Reservation.Record.
+	Duplicate
+	// Busy: another worker holds a valid lease; try again later.
+	Busy
+	// KeyReuse: the key belongs to an operation with another fingerprint.
+	KeyReuse
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Acquired:
+		return "acquired"
+	case Duplicate:
+		return "duplicate"
+	case Busy:
+		return "busy"
+	case KeyReuse:
+		return "key_reuse"
+	}
+	return fmt.Sprintf("Decision(%d)", int(d))
+}
+
+// Reservation is the answer of Reserve.
+type Reservation struct {
+	Decision Decision
+	// Lease is set when Decision is Acquired.
+	Lease *Lease
+	// Record is the existing row when the key was not acquired.
+	Record *Record
+}
+
+// Err returns nil for Acquired, else ErrDuplicate, ErrBusy or ErrKeyReuse.
+func (r Reservation) Err() error {
+	switch r.Decision {
+	case Acquired:
+		return nil
+	case Duplicate:
+		return ErrDuplicate
+	case Busy:
+		return ErrBusy
+	case KeyReuse:
+		return ErrKeyReuse
+	}
+	return fmt.Errorf("dedup: unknown decision %d", r.Decision)
+}
+
+// Lease is a held reservation. Its Token fences every later write: once the
+// key is taken over, Complete, Release, Extend and Step fail with ErrLeaseLost.
+type Lease struct {
+	Consumer, Tenant string
+	// Key is the key as stored: the raw key, or its hash with HashKeys.
+	Key string
+	// Token is the fencing token written by this reservation.
+	Token [16]byte
+	// Attempts counts reservations of this key, this one included.
+	Attempts int
+	// LockedUntil is when the lease expires unless extended.
+	LockedUntil time.Time
+	// TakenOver reports that an earlier lease on the key expired or was released.
+	TakenOver bool
+	// RecoveryPoint is the last step committed by an earlier attempt ("" if none).
+	RecoveryPoint string
+	// RecoveryData is the data committed with the recovery point.
+	RecoveryData []byte
+	// Steps are the names of the steps committed by earlier attempts.
+	Steps []string
+
+	rawKey string
+}
+
+// DerivedKey returns the deterministic key of one step of this operation,
+// for an external system's own deduplication. See the package function DerivedKey.
+func (l *Lease) DerivedKey(step string) string {
+	return DerivedKey(l.Consumer, l.Tenant, l.rawKey, step)
+}
+
+// Outcome is how a completed operation ended.
+type Outcome string
+
+// The stored outcomes.
+const (
+	// OutcomeOK is a successful operation.
+	OutcomeOK Outcome = "ok"
+	// OutcomeRejected is a business rejection: a result, kept and replayed.
+	OutcomeRejected Outcome = "rejected"
+)
+
+// Result is what Complete stores and what duplicates receive.
+type Result struct {
+	Outcome  Outcome
+	Code     int
+	Response []byte
+}
+
+// State is a key row's state.
+type State string
+
+// The states a row can be in; an absent row is the third state.
+const (
+	StateInProgress State = "in_progress"
+	StateCompleted  State = "completed"
+)
+
+// Record is a snapshot of a key's row.
+type Record struct {
+	Consumer, Tenant, Key string
+	State                 State
+	Fingerprint           Fingerprint
+	// LeaseValid reports an in-progress row whose lease has not expired.
+	LeaseValid    bool
+	LockedUntil   *time.Time
+	Attempts      int
+	RecoveryPoint string
+	RecoveryData  []byte
+	Steps         []string
+	// Result is set for completed rows.
+	Result *Result
+	// TraceID and SpanID identify the processing that holds or completed the key.
+	TraceID, SpanID string
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	CompletedAt     *time.Time
+}
+
+// Reserve claims the key with ONE atomic statement: it creates the row, or
+// takes over an expired lease of the same operation (attempts+1, fresh
+// token), or returns nothing, in which case the row is read and classified
+// (Duplicate, Busy, KeyReuse). A row that vanishes between the two (GC) or a
+// lease that expires in between starts a new round, a bounded number of times.
+func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
+	if err := ValidateKey(c.Key); err != nil {
+		return Reservation{}, fmt.Errorf("reserve key: %w", err)
+	}
+	if c.Consumer == "" {
+		return Reservation{}, errors.New("reserve key: empty consumer name")
+	}
+	lease := c.Lease
+	if lease <= 0 {
+		lease = s.cfg.Lease
+	}
+	key := s.storedKey(c.Key)
+	for range maxReserveRounds {
+		var token [16]byte
+		if _, err := rand.Read(token[:]); err != nil {
+			return Reservation{}, fmt.Errorf("reserve key: token: %w", err)
+		}
+		l := &Lease{Consumer: c.Consumer, Tenant: c.Tenant, Key: key, Token: token, rawKey: c.Key}
+		var inserted bool
+		err := s.pool.QueryRow(ctx, s.sql.reserve,
+			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
+		).Scan(&l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
+		if err == nil {
+			l.TakenOver = !inserted
+			return Reservation{Decision: Acquired, Lease: l}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Reservation{}, interpretError("reserve key", err)
+		}
+		rec, err := s.inspect(ctx, s.pool, c.Consumer, c.Tenant, key)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted between the statements: reserve again
+		}
+		if err != nil {
+			return Reservation{}, fmt.Errorf("reserve key: %w", err)
+		}
+		switch {
+		case rec.Fingerprint != c.Fingerprint:
+			return Reservation{Decision: KeyReuse, Record: rec}, nil
+		case rec.State == StateCompleted:
+			return Reservation{Decision: Duplicate, Record: rec}, nil
+		case rec.LeaseValid:
+			return Reservation{Decision: Busy, Record: rec}, nil
+		}
+		// The lease expired between the upsert and the read: reserve again.
+	}
+	return Reservation{}, fmt.Errorf("reserve key: no decision after %d rounds", maxReserveRounds)
+}
+
+// Complete marks the key completed with result, inside the caller's
+// transaction, fenced by the lease token. Call it last, just before COMMIT:
+// the business writes, the outbox rows and the completion then commit
+// together or not at all. If the lease was taken over or released it returns
+// ErrLeaseLost and the caller must roll back.
+func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) error {
+	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
+		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	}
+	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response)
+	if err != nil {
+		return interpretError("complete key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("complete key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release gives the key up after an infrastructure failure: the lease
+// expires now, attempts and created_at are kept, and the next delivery takes
+// the key over. Fenced: a lease already lost gives ErrLeaseLost.
+func (s *Store) Release(ctx context.Context, l *Lease) error {
+	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.Key, l.Token)
+	if err != nil {
+		return interpretError("release key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("release key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Extend is the heartbeat: it pushes the lease's expiry to now + the lease
+// duration (the store's, or d when positive) and updates l.LockedUntil.
+// Fenced: a lease already lost gives ErrLeaseLost.
+func (s *Store) Extend(ctx context.Context, l *Lease, d time.Duration) error {
+	if d <= 0 {
+		d = s.cfg.Lease
+	}
+	var until time.Time
+	err := s.pool.QueryRow(ctx, s.sql.extend, l.Consumer, l.Tenant, l.Key, l.Token, d.Microseconds()).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("extend lease: %w", ErrLeaseLost)
+	}
+	if err != nil {
+		return interpretError("extend lease", err)
+	}
+	l.LockedUntil = until
+	return nil
+}
+
+// Inspect returns the row of a key (given raw, as the publisher sent it), or
+// ErrNotFound.
+func (s *Store) Inspect(ctx context.Context, consumer, tenant, key string) (*Record, error) {
+	rec, err := s.inspect(ctx, s.pool, consumer, tenant, s.storedKey(key))
+	if err != nil {
+		return nil, fmt.Errorf("inspect key: %w", err)
+	}
+	return rec, nil
+}
+
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (s *Store) inspect(ctx context.Context, q querier, consumer, tenant, storedKey string) (*Record, error) {
+	rec := &Record{}
+	var (
+		fp              []byte
+		outcome         *string
+		code            *int
+		response        []byte
+		recoveryPoint   *string
+		traceID, spanID *string
+	)
+	err := q.QueryRow(ctx, s.sql.inspect, consumer, tenant, storedKey).Scan(
+		&rec.Consumer, &rec.Tenant, &rec.Key, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
+		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
+		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt,
+	)
+	if err != nil {
+		return nil, interpretError("read key", err)
+	}
+	copy(rec.Fingerprint[:], fp)
+	rec.RecoveryPoint = deref(recoveryPoint)
+	rec.TraceID, rec.SpanID = deref(traceID), deref(spanID)
+	if outcome != nil {
+		rec.Result = &Result{Outcome: Outcome(*outcome), Response: response}
+		if code != nil {
+			rec.Result.Code = *code
+		}
+	}
+	return rec, nil
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
