@@ -1,0 +1,149 @@
+// Package testamqp gives integration tests a real RabbitMQ, with unique
+// names per test and a way to break a test's own connections.
+//
+// The broker comes from IDEMQ_TEST_AMQP_URL (default: the local guest
+// account). A test that cannot reach it fails with a clear message; it never
+// skips.
+package testamqp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+// DefaultURL is the broker used when IDEMQ_TEST_AMQP_URL is unset.
+const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// URL returns the test broker URL.
+func URL() string {
+	if u := os.Getenv("IDEMQ_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Name returns a unique name for a queue or exchange of one test. Every
+// connection a test names after it (see Config) can be closed with
+// CloseConnections.
+func Name(tb testing.TB, prefix string) string {
+	tb.Helper()
+	return fmt.Sprintf("%s.%s", prefix, testdb.RandomHex(5))
+}
+
+// Config returns an amqp.Config whose connection carries the given name, so
+// that CloseConnections can find it.
+func Config(connectionName string) amqp.Config {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(connectionName)
+	return amqp.Config{Properties: props, Heartbeat: 10 * time.Second}
+}
+
+// Dial opens a connection for the test's own use (publishing, inspecting
+// queues) and closes it when the test ends. It fails the test if RabbitMQ
+// does not answer.
+func Dial(tb testing.TB) *amqp.Connection {
+	tb.Helper()
+	conn, err := amqp.DialConfig(URL(), Config("idemq-test-"+tb.Name()))
+	if err != nil {
+		tb.Fatalf("testamqp: RabbitMQ is not reachable (run `make up`, or set IDEMQ_TEST_AMQP_URL): %v", err)
+	}
+	tb.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Channel opens a channel in confirm mode on conn.
+func Channel(tb testing.TB, conn *amqp.Connection) *amqp.Channel {
+	tb.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatalf("testamqp: open channel: %v", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		tb.Fatalf("testamqp: confirm mode: %v", err)
+	}
+	tb.Cleanup(func() { _ = ch.Close() })
+	return ch
+}
+
+// Publish publishes msg to the default exchange with routing key queue and
+// waits for the broker's confirm.
+func Publish(tb testing.TB, ch *amqp.Channel, exchange, key string, msg amqp.Publishing) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, msg)
+	if err != nil {
+		tb.Fatalf("testamqp: publish: %v", err)
+	}
+	ok, err := conf.WaitContext(ctx)
+	if err != nil || !ok {
+		tb.Fatalf("testamqp: publish not confirmed: ok=%v err=%v", ok, err)
+	}
+}
+
+// DeleteQueuesAtCleanup deletes the named queues and exchanges when the test ends.
+func DeleteQueuesAtCleanup(tb testing.TB, queues, exchanges []string) {
+	tb.Cleanup(func() {
+		conn, err := amqp.Dial(URL())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+		for _, x := range exchanges {
+			_ = ch.ExchangeDelete(x, false, false)
+		}
+	})
+}
+
+// CloseConnections closes, from the broker's side, every connection whose
+// name starts with prefix, as `rabbitmqctl close_connection` does, and
+// returns how many it closed. Other tests' connections are left alone.
+func CloseConnections(tb testing.TB, prefix string) int {
+	tb.Helper()
+	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "pid", "client_properties", "--formatter", "json").Output()
+	if err != nil {
+		tb.Fatalf("testamqp: rabbitmqctl list_connections: %v", err)
+	}
+	var conns []struct {
+		PID              string  `json:"pid"`
+		ClientProperties [][]any `json:"client_properties"`
+	}
+	if err := json.Unmarshal(out, &conns); err != nil {
+		tb.Fatalf("testamqp: parse list_connections: %v: %s", err, out)
+	}
+	closed := 0
+	for _, c := range conns {
+		name := ""
+		for _, prop := range c.ClientProperties {
+			if len(prop) == 3 && prop[0] == "connection_name" {
+				name, _ = prop[2].(string)
+			}
+		}
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		if out, err := exec.Command("rabbitmqctl", "close_connection", c.PID, "closed by test").CombinedOutput(); err != nil {
+			tb.Logf("testamqp: close_connection %s: %v: %s", c.PID, err, out)
+			continue
+		}
+		closed++
+	}
+	return closed
+}
