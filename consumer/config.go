@@ -1,0 +1,167 @@
+package consumer
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Defaults used where a Config leaves a field zero.
+const (
+	DefaultConcurrency     = 8
+	DefaultMaxAttempts     = 5
+	DefaultDeliveryLimit   = 20
+	DefaultHandlerTimeout  = time.Minute
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultTenantHeader    = "x-tenant-id"
+	DefaultKeyHeader       = "Idempotency-Key"
+	DefaultRetryInitial    = time.Second
+	DefaultRetryMultiplier = 5.0
+	DefaultRetryMax        = 10 * time.Minute
+	DefaultPublishTimeout  = 30 * time.Second
+)
+
+// KeyFunc extracts the idempotency key from a delivery. Return "" when there
+// is none.
+type KeyFunc func(d *amqp.Delivery) string
+
+// Config configures a Consumer. Queue, Name and URL are required.
+type Config struct {
+	// URL is the AMQP URL (amqp:// or amqps://). It never appears in logs.
+	URL string
+	// AMQPConfig, when set, is the base connection config: TLSClientConfig
+	// for amqps:// with client certificates, heartbeat, vhost.
+	AMQPConfig *amqp.Config
+	// Queue is the work queue Q; the topology adds Q.retry.<delay>, Q.dlx, Q.dlq.
+	Queue string
+	// Name is the stable name of the handler: keys are unique per
+	// (Name, tenant, key). Two handlers of one message need two names.
+	Name string
+
+	// Concurrency is the number of deliveries handled at once. Default 8.
+	Concurrency int
+	// Prefetch is the channel's QoS prefetch count. Default 2 × Concurrency.
+	Prefetch int
+	// HandlerTimeout bounds one handler run (an infrastructure failure when
+	// exceeded). Default 1 minute.
+	HandlerTimeout time.Duration
+	// ShutdownTimeout bounds how long in-flight handlers may finish after
+	// the context ends. Default 30s.
+	ShutdownTimeout time.Duration
+	// PublishTimeout bounds the wait for a publisher confirm. Default 30s.
+	PublishTimeout time.Duration
+
+	// Lease overrides the store's lease for this consumer's keys when positive.
+	Lease time.Duration
+	// DisableHeartbeat stops the runtime from extending leases while a
+	// handler runs. Only for tests of fencing: a handler slower than its
+	// lease then loses its key and cannot commit.
+	DisableHeartbeat bool
+
+	// MaxAttempts is how many times a message is handled before it goes to
+	// the DLQ with reason max_attempts_exceeded. Default 5.
+	MaxAttempts int
+	// RetryInitial, RetryMultiplier and RetryMax shape the exponential
+	// backoff (cenkalti/backoff) whose delays name the retry tiers.
+	// Defaults 1s, ×5, 10m: tiers 1s, 5s, 25s, 2m5s for 5 attempts.
+	RetryInitial    time.Duration
+	RetryMultiplier float64
+	RetryMax        time.Duration
+	// DeliveryLimit is the work queue's x-delivery-limit: the broker's last
+	// safety net for messages that crash the worker before they are routed.
+	// Default 20.
+	DeliveryLimit int
+	// ClassicQueues declares classic queues instead of quorum queues (for
+	// brokers without quorum support; dead-lettering is then at-most-once).
+	ClassicQueues bool
+	// SkipDeclare leaves the topology alone (it was applied by `idemq
+	// topology apply` or by an operator) instead of declaring it on connect.
+	SkipDeclare bool
+
+	// KeyFunc extracts the key; default: message_id, else the Idempotency-Key header.
+	KeyFunc KeyFunc
+	// KeyHeader is the header read when there is no message_id. Default "Idempotency-Key".
+	KeyHeader string
+	// TenantHeader names the header carrying the tenant. Default "x-tenant-id".
+	TenantHeader string
+	// TenantFromUserID takes the tenant from the AMQP user_id property, which
+	// RabbitMQ checks against the publishing connection's user, instead of a
+	// header that any publisher can write.
+	TenantFromUserID bool
+	// Fingerprint computes the operation's fingerprint; default: the whole body.
+	Fingerprint dedup.Fingerprinter
+
+	// AllowShortRetention turns the retention guard's refusal into a warning.
+	AllowShortRetention bool
+	// LogKeys puts raw keys into logs and spans (off: a short hash only).
+	LogKeys bool
+
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// TracerProvider and MeterProvider; nil means the global ones.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// OnOutcome, when set, is called once for each delivery after its ack.
+	OnOutcome func(Event)
+	// ConnectionName names the AMQP connections in the broker's UI.
+	ConnectionName string
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *Config) WithDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
+	out.Prefetch = cmp.Or(out.Prefetch, 2*out.Concurrency)
+	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
+	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
+	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, DefaultMaxAttempts)
+	out.RetryInitial = cmp.Or(out.RetryInitial, DefaultRetryInitial)
+	out.RetryMultiplier = cmp.Or(out.RetryMultiplier, DefaultRetryMultiplier)
+	out.RetryMax = cmp.Or(out.RetryMax, DefaultRetryMax)
+	out.DeliveryLimit = cmp.Or(out.DeliveryLimit, DefaultDeliveryLimit)
+	out.KeyHeader = cmp.Or(out.KeyHeader, DefaultKeyHeader)
+	out.TenantHeader = cmp.Or(out.TenantHeader, DefaultTenantHeader)
+	out.ConnectionName = cmp.Or(out.ConnectionName, "idemq-"+out.Name)
+	if out.Fingerprint == nil {
+		out.Fingerprint = dedup.BodyFingerprint
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("URL is required"))
+	}
+	if c.Queue == "" {
+		errs = append(errs, errors.New("Queue is required"))
+	}
+	if c.Name == "" {
+		errs = append(errs, errors.New("Name (the consumer's stable scope) is required"))
+	}
+	if c.Concurrency < 1 || c.Prefetch < 1 {
+		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
+	}
+	if c.RetryMultiplier < 1 {
+		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,270 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// instrumentation is the name of the tracer and meter.
+const instrumentation = "github.com/idemq/idemq/consumer"
+
+// ErrRetentionTooShort means the key retention is shorter than the longest
+// redelivery horizon: a retry arriving after its key was deleted would run
+// the handler again.
+var ErrRetentionTooShort = errors.New("key retention is shorter than the redelivery horizon")
+
+// Consumer consumes one work queue, claims each message's key before its
+// handler runs, and routes every delivery to exactly one outcome.
+type Consumer struct {
+	store    *dedup.Store
+	handler  Handler
+	cfg      Config
+	topo     Topology
+	log      *slog.Logger
+	tracer   trace.Tracer
+	prop     propagation.TextMapPropagator
+	metrics  *metrics
+	running  atomic.Bool
+	consumed atomic.Bool
+	inFlight atomic.Int64
+}
+
+// New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
+// is invalid (Queue, Name and URL are required). New refuses a store whose
+// retention is shorter than the retry horizon, unless AllowShortRetention.
+func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
+	if store == nil || h == nil {
+		return nil, errors.New("consumer: nil store or handler")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	topo := NewTopology(&c)
+	if horizon, retention := topo.Horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
+		if !c.AllowShortRetention {
+			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
+		}
+		c.Logger.Warn("key retention is shorter than the retry horizon; late retries may run twice",
+			"retention", retention, "horizon", horizon)
+	}
+	tp := c.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	m, err := newMetrics(c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: metrics: %w", err)
+	}
+	return &Consumer{
+		store:   store,
+		handler: h,
+		cfg:     c,
+		topo:    topo,
+		log:     c.Logger.With("queue", c.Queue, "consumer", c.Name),
+		tracer:  tp.Tracer(instrumentation),
+		prop:    otel.GetTextMapPropagator(),
+		metrics: m,
+	}, nil
+}
+
+// Topology returns the queues and exchanges the consumer uses.
+func (c *Consumer) Topology() Topology { return c.topo }
+
+// Run consumes until ctx ends, then stops consuming, lets in-flight handlers
+// finish (bounded by ShutdownTimeout), acks them and closes; it returns nil
+// after a clean stop. A lost connection or channel is redialled with backoff,
+// the topology redeclared and consuming resumed. Run returns an error only
+// for a configuration the broker refuses (for example, a queue declared with
+// other arguments) on the first connect, or when called twice at once.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: already running")
+	}
+	defer c.running.Store(false)
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(200*time.Millisecond),
+		backoff.WithMaxInterval(15*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for {
+		started := time.Now()
+		err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fatal *fatalError
+		if errors.As(err, &fatal) && !c.consumed.Load() {
+			return fmt.Errorf("consumer: %w", fatal.err)
+		}
+		if time.Since(started) > time.Minute {
+			bo.Reset()
+		}
+		wait := bo.NextBackOff()
+		c.log.Warn("broker connection lost; reconnecting", "err", redact.Error(err), "in", wait)
+		c.metrics.reconnects.Add(ctx, 1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// fatalError is a session error that retrying will not fix.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+
+func dial(c Config) (*amqp.Connection, error) {
+	var ac amqp.Config
+	if c.AMQPConfig != nil {
+		ac = *c.AMQPConfig
+	}
+	if ac.Properties == nil {
+		ac.Properties = amqp.NewConnectionProperties()
+	}
+	ac.Properties.SetClientConnectionName(c.ConnectionName)
+	if ac.Heartbeat == 0 {
+		ac.Heartbeat = 10 * time.Second
+	}
+	conn, err := amqp.DialConfig(c.URL, ac)
+	if err != nil {
+		return nil, fmt.Errorf("dial broker %s: %s", redact.URL(c.URL), redact.Error(err))
+	}
+	return conn, nil
+}
+
+// session is one connection's life: declare, consume, handle, until the
+// context ends (nil) or the connection or a channel closes (an error).
+func (c *Consumer) session(ctx context.Context) error {
+	conn, err := dial(c.cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	pubCh, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	pubClosed := pubCh.NotifyClose(make(chan *amqp.Error, 1))
+	if !c.cfg.SkipDeclare {
+		if err := c.topo.Declare(pubCh); err != nil {
+			var amqpErr *amqp.Error
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
+				return &fatalError{err}
+			}
+			return err
+		}
+	}
+	pub, err := newPublisher(pubCh, c.cfg.PublishTimeout, "p")
+	if err != nil {
+		return err
+	}
+	defer pub.close()
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	tag := fmt.Sprintf("%s-%p", c.cfg.Name, conn)
+	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+			return &fatalError{fmt.Errorf("consume %s: %w", c.cfg.Queue, err)}
+		}
+		return fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
+	}
+	c.consumed.Store(true)
+	c.log.Info("consuming", "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
+
+	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.
+	hard, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardStop()
+	s := &session{pub: pub, stop: make(chan struct{})}
+	var wg sync.WaitGroup
+	for range c.cfg.Concurrency {
+		wg.Go(func() { c.work(hard, s, deliveries) })
+	}
+	workersDone := make(chan struct{})
+	go func() { wg.Wait(); close(workersDone) }()
+
+	var lost error
+	select {
+	case <-ctx.Done():
+	case e := <-connClosed:
+		lost = fmt.Errorf("connection closed: %v", e)
+	case e := <-chClosed:
+		lost = fmt.Errorf("consumer channel closed: %v", e)
+	case e := <-pubClosed:
+		lost = fmt.Errorf("publisher channel closed: %v", e)
+	case <-workersDone:
+		lost = errors.New("delivery channel closed")
+	}
+	close(s.stop)
+	if lost != nil {
+		// Whatever is in flight can no longer be acked on this channel: stop
+		// it; the broker redelivers and the keys make that harmless.
+		hardStop()
+		<-workersDone
+		return lost
+	}
+	// Graceful stop: no new deliveries; let in-flight handlers finish and ack.
+	_ = ch.Cancel(tag, false)
+	select {
+	case <-workersDone:
+	case <-time.After(c.cfg.ShutdownTimeout):
+		c.log.Warn("shutdown timeout: cancelling in-flight handlers", "in_flight", c.inFlight.Load())
+		hardStop()
+		<-workersDone
+	}
+	_ = ch.Close()
+	return nil
+}
+
+// session is the state workers share during one connection.
+type session struct {
+	pub  *publisher
+	stop chan struct{}
+}
+
+func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			select {
+			case <-s.stop:
+				// Not started: left unacked, the broker redelivers it.
+				return
+			default:
+			}
+			c.process(ctx, s, &d)
+		}
+	}
+}

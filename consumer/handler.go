@@ -1,0 +1,121 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Handler handles one delivery. Whatever it writes in tx commits together
+// with the key's completion (and the delivery's outbox rows), or not at all.
+//
+// Return a Response (possibly zero) for success; Reject(...) for a business
+// rejection, which is stored and replayed to duplicates like a success;
+// Permanent(err) for a message that can never succeed (straight to the DLQ);
+// any other error is an infrastructure failure: the key is released and the
+// message retried with backoff. A panic or a timeout counts as an
+// infrastructure failure too. The handler never sees a duplicate.
+type Handler func(ctx context.Context, tx pgx.Tx, d *Delivery) (Response, error)
+
+// Response is what a handler's success stores with the key; duplicates get
+// it back (and it is sent to reply_to when the message asks for a reply).
+type Response struct {
+	Code int
+	Body []byte
+}
+
+// Delivery is a message as a handler sees it.
+type Delivery struct {
+	// Key is the idempotency key, Tenant its tenant ("" by default).
+	Key, Tenant string
+	// Attempt is 1 on the first delivery and counts retries after
+	// infrastructure failures.
+	Attempt int
+	// Body, Headers and the AMQP properties as published.
+	Body          []byte
+	Headers       amqp.Table
+	MessageID     string
+	ContentType   string
+	CorrelationID string
+	ReplyTo       string
+	Exchange      string
+	RoutingKey    string
+	Timestamp     time.Time
+
+	lease *dedup.Lease
+	store *dedup.Store
+}
+
+// RecoveryPoint is the last step committed by an earlier attempt ("" if none).
+func (d *Delivery) RecoveryPoint() string { return d.lease.RecoveryPoint }
+
+// RecoveryData is the data committed with the recovery point.
+func (d *Delivery) RecoveryData() []byte { return d.lease.RecoveryData }
+
+// StepDone reports whether step name was committed by an earlier attempt.
+func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
+
+// Step runs one atomic phase in its own transaction, committed with the
+// recovery point name; a retry skips it once committed. See dedup.Store.Step.
+func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return d.store.Step(ctx, d.lease, name, fn)
+}
+
+// DerivedKey returns a deterministic key for one step of this operation, to
+// pass to an external API (a payment gateway) whose own deduplication then
+// recognises the retry.
+func (d *Delivery) DerivedKey(step string) string { return d.lease.DerivedKey(step) }
+
+// RejectError is a business rejection: the operation's result, kept.
+type RejectError struct {
+	Response Response
+	Reason   string
+}
+
+func (e *RejectError) Error() string { return "rejected: " + e.Reason }
+
+// Reject returns a business rejection (insufficient funds, unknown account):
+// the handler's transaction commits with the key completed as "rejected" and
+// the response stored, and duplicates get the same rejection back.
+func Reject(code int, reason string, body []byte) error {
+	return &RejectError{Response: Response{Code: code, Body: body}, Reason: reason}
+}
+
+// PermanentError marks a failure that no retry can fix.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent (an undecodable or invalid payload): the
+// transaction rolls back, the key is released, and the message goes straight
+// to the DLQ with reason permanent_error.
+func Permanent(err error) error {
+	if err == nil {
+		err = errors.New("permanent error")
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err is or wraps a PermanentError.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// IsRejection reports whether err is or wraps a RejectError.
+func IsRejection(err error) bool {
+	var r *RejectError
+	return errors.As(err, &r)
+}
+
+// PanicError is the infrastructure failure a handler's panic turns into.
+type PanicError struct{ Value any }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }

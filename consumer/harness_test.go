@@ -1,0 +1,256 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+// harness runs consumers of one fresh queue against one fresh schema, with a
+// ledger table where handlers write their effects.
+type harness struct {
+	t      testing.TB
+	pool   *pgxpool.Pool
+	store  *dedup.Store
+	schema string
+	cfg    consumer.Config
+	conn   *amqp.Connection
+	pub    *amqp.Channel
+
+	mu     sync.Mutex
+	events []consumer.Event
+	notify chan struct{}
+}
+
+// newHarness prepares the queue and schema; mod adjusts the consumer config.
+func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
+	t.Helper()
+	pool := testdb.Pool(t, 40)
+	schema := testdb.Schema(t, pool)
+	ctx := context.Background()
+	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (key text NOT NULL, tenant text NOT NULL DEFAULT '', attempt int, at timestamptz DEFAULT clock_timestamp())"); err != nil {
+		t.Fatal(err)
+	}
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1)}
+	queue := testamqp.Name(t, "q")
+	h.cfg = consumer.Config{
+		URL:             testamqp.URL(),
+		Queue:           queue,
+		Name:            "payments",
+		Concurrency:     4,
+		RetryInitial:    200 * time.Millisecond,
+		RetryMultiplier: 2,
+		MaxAttempts:     3,
+		ShutdownTimeout: 10 * time.Second,
+		ConnectionName:  "idemq-test-" + queue,
+		OnOutcome:       h.record,
+	}
+	if mod != nil {
+		mod(&h.cfg)
+	}
+	topo := consumer.NewTopology(&h.cfg)
+	queues := []string{topo.Queue, topo.DLQ}
+	for _, d := range topo.Delays {
+		queues = append(queues, topo.TierName(d))
+	}
+	testamqp.DeleteQueuesAtCleanup(t, queues, []string{topo.DLX})
+	if err := consumer.Apply(&h.cfg); err != nil {
+		t.Fatalf("apply topology: %v", err)
+	}
+	h.conn = testamqp.Dial(t)
+	h.pub = testamqp.Channel(t, h.conn)
+	return h
+}
+
+func (h *harness) record(ev consumer.Event) {
+	h.mu.Lock()
+	h.events = append(h.events, ev)
+	h.mu.Unlock()
+	select {
+	case h.notify <- struct{}{}:
+	default:
+	}
+}
+
+// start runs n consumers with handler until the test ends; the returned
+// stop function cancels them and waits for Run to return.
+func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range n {
+		c, err := consumer.New(h.store, handler, &h.cfg)
+		if err != nil {
+			h.t.Fatalf("new consumer: %v", err)
+		}
+		wg.Go(func() {
+			if err := c.Run(ctx); err != nil {
+				h.t.Errorf("run: %v", err)
+			}
+		})
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	h.t.Cleanup(stop)
+	return stop
+}
+
+// publish sends a message with key (as message_id) to the work queue.
+func (h *harness) publish(key string, body string, headers amqp.Table) {
+	h.t.Helper()
+	testamqp.Publish(h.t, h.pub, "", h.cfg.Queue, amqp.Publishing{MessageId: key, Body: []byte(body), Headers: headers, ContentType: "application/json"})
+}
+
+// ledgerEffect is the usual handler: one ledger row per processed key.
+func (h *harness) ledgerEffect(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	_, err := tx.Exec(ctx, "INSERT INTO "+h.schema+".ledger (key, tenant, attempt) VALUES ($1, $2, $3)", d.Key, d.Tenant, d.Attempt)
+	return consumer.Response{Code: 200, Body: []byte("ok:" + d.Key)}, err
+}
+
+// waitEvents waits until cond holds over the events recorded so far.
+func (h *harness) waitEvents(timeout time.Duration, what string, cond func([]consumer.Event) bool) []consumer.Event {
+	h.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		h.mu.Lock()
+		evs := append([]consumer.Event(nil), h.events...)
+		h.mu.Unlock()
+		if cond(evs) {
+			return evs
+		}
+		select {
+		case <-h.notify:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline.C:
+			h.t.Fatalf("timed out after %s waiting for %s; outcomes so far: %v", timeout, what, countOutcomes(evs))
+		}
+	}
+}
+
+func countOutcomes(evs []consumer.Event) map[consumer.Outcome]int {
+	m := map[consumer.Outcome]int{}
+	for _, e := range evs {
+		m[e.Outcome]++
+	}
+	return m
+}
+
+// final reports whether an outcome ends a message's journey (nothing more
+// comes of it): everything but retries and retry-later.
+func final(o consumer.Outcome) bool {
+	switch o {
+	case consumer.OutcomeRetried, consumer.OutcomeInProgress, consumer.OutcomeLeaseLost, "":
+		return false
+	}
+	return true
+}
+
+func finals(evs []consumer.Event) int {
+	n := 0
+	for _, e := range evs {
+		if final(e.Outcome) {
+			n++
+		}
+	}
+	return n
+}
+
+// effects counts ledger rows per key.
+func (h *harness) effects() map[string]int {
+	h.t.Helper()
+	rows, err := h.pool.Query(context.Background(), "SELECT key, count(*) FROM "+h.schema+".ledger GROUP BY key")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			h.t.Fatal(err)
+		}
+		out[k] = n
+	}
+	return out
+}
+
+// drainDLQ reads every message in the DLQ.
+func (h *harness) drainDLQ() []amqp.Delivery {
+	h.t.Helper()
+	ch, err := h.conn.Channel()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer ch.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(h.cfg.Queue+".dlq", true)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// waitDLQ waits until the DLQ holds n messages and returns them.
+func (h *harness) waitDLQ(n int, timeout time.Duration) []amqp.Delivery {
+	h.t.Helper()
+	ch, err := h.conn.Channel()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		q, err := ch.QueueDeclarePassive(h.cfg.Queue+".dlq", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if q.Messages >= n {
+			return h.drainDLQ()
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("DLQ holds %d messages after %s, want %d", q.Messages, timeout, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func header(d amqp.Delivery, name string) string {
+	switch v := d.Headers[name].(type) {
+	case string:
+		return v
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+var errInfra = errors.New("database of the card network is down")
+
+func keyOf(i int, prefix string) string { return fmt.Sprintf("%s-%05d", strings.TrimSpace(prefix), i) }

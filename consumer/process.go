@@ -1,0 +1,380 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// settleTimeout bounds the key and broker writes that settle a delivery
+// after its handler, even when the handler's context is gone.
+const settleTimeout = 30 * time.Second
+
+// process takes one delivery to exactly one outcome, and acks it only after
+// whatever replaces it is durable.
+func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
+	start := time.Now()
+	attempt := ParseAttempt(d.Headers)
+	parent := c.prop.Extract(ctx, headerCarrier(d.Headers))
+	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", c.cfg.Queue),
+			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
+			attribute.String("messaging.consumer.group.name", c.cfg.Name),
+			attribute.Int("messaging.message.body.size", len(d.Body)),
+			attribute.Int("idemq.attempt", attempt),
+		))
+	defer span.End()
+
+	ev := c.route(ctx, s, d, attempt, span)
+	ev.Attempt = attempt
+	ev.Duration = time.Since(start)
+	span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
+	if ev.Reason != "" {
+		span.SetAttributes(attribute.String("idemq.reason", ev.Reason))
+	}
+	if ev.Err != nil && ev.Outcome != OutcomeRejected {
+		span.SetStatus(codes.Error, redact.Error(ev.Err))
+	}
+	c.metrics.deliveries.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", string(ev.Outcome))))
+	if c.cfg.OnOutcome != nil {
+		c.cfg.OnOutcome(ev)
+	}
+}
+
+// route decides the delivery's outcome and settles it (publish what
+// replaces it, then ack). It returns the event to report.
+func (c *Consumer) route(ctx context.Context, s *session, d *amqp.Delivery, attempt int, span trace.Span) Event {
+	key := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
+	if err := dedup.ValidateKey(key); err != nil {
+		reason := ReasonKeyInvalid
+		if errors.Is(err, dedup.ErrKeyRequired) {
+			reason = ReasonKeyRequired
+		}
+		return c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, reason, err, attempt)
+	}
+	tenant, err := ExtractTenant(d, c.cfg.TenantHeader, c.cfg.TenantFromUserID)
+	if err != nil {
+		return c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, ReasonKeyInvalid, err, attempt)
+	}
+	ev := Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant}
+	span.SetAttributes(attribute.String("idemq.key_hash", ev.KeyHash), attribute.String("idemq.tenant", tenant))
+	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
+		span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
+	}
+	if c.cfg.LogKeys {
+		span.SetAttributes(attribute.String("idemq.key", key))
+	}
+	fp, err := c.cfg.Fingerprint(d.Body)
+	if err != nil {
+		return c.deadLetter(ctx, s, d, ev, ReasonPermanentError, fmt.Errorf("fingerprint: %w", err), attempt)
+	}
+
+	sc := span.SpanContext()
+	rctx, rspan := c.tracer.Start(ctx, "idemq reserve")
+	t0 := time.Now()
+	res, err := c.store.Reserve(rctx, dedup.Claim{
+		Consumer: c.cfg.Name, Tenant: tenant, Key: key, Fingerprint: fp,
+		TraceID: sc.TraceID().String(), SpanID: sc.SpanID().String(), Lease: c.cfg.Lease,
+	})
+	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds())
+	if err != nil {
+		rspan.SetStatus(codes.Error, redact.Error(err))
+		rspan.End()
+		// The key store is unreachable: an infrastructure failure.
+		return c.retryOrDeadLetter(ctx, s, d, ev, attempt, fmt.Errorf("reserve: %w", err))
+	}
+	rspan.SetAttributes(attribute.String("idemq.decision", res.Decision.String()))
+	rspan.End()
+
+	switch res.Decision {
+	case dedup.Duplicate:
+		ev.Outcome = OutcomeDuplicate
+		c.markDuplicate(ctx, span, res.Record)
+		c.reply(ctx, s, d, res.Record.Result)
+		return c.ack(d, ev)
+	case dedup.Busy:
+		ev.Outcome = OutcomeInProgress
+		wait := time.Until(derefTime(res.Record.LockedUntil))
+		return c.retryLater(ctx, s, d, ev, attempt, c.topo.TierAtLeast(wait), nil)
+	case dedup.KeyReuse:
+		ev.Outcome = OutcomeKeyReuse
+		return c.deadLetter(ctx, s, d, ev, ReasonKeyReuse, errors.New("key reused with another fingerprint"), attempt)
+	}
+	return c.handle(ctx, s, d, ev, attempt, key, tenant, res.Lease)
+}
+
+// markDuplicate links the duplicate's span to the processing it duplicated.
+func (c *Consumer) markDuplicate(ctx context.Context, span trace.Span, rec *dedup.Record) {
+	attrs := []attribute.KeyValue{attribute.String("idemq.original.trace_id", rec.TraceID)}
+	if rec.CompletedAt != nil {
+		attrs = append(attrs, attribute.String("idemq.original.completed_at", rec.CompletedAt.UTC().Format(time.RFC3339Nano)))
+	}
+	tid, terr := trace.TraceIDFromHex(rec.TraceID)
+	sid, serr := trace.SpanIDFromHex(rec.SpanID)
+	if terr == nil && serr == nil {
+		link := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+		span.AddLink(trace.Link{SpanContext: link, Attributes: []attribute.KeyValue{attribute.String("idemq.link", "duplicate_of")}})
+	}
+	span.AddEvent("idemq.duplicate_suppressed", trace.WithAttributes(attrs...))
+}
+
+// handle runs the handler for an acquired key and settles the outcome.
+func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, key, tenant string, lease *dedup.Lease) Event {
+	c.inFlight.Add(1)
+	c.metrics.inProgress.Add(ctx, 1)
+	defer func() {
+		c.inFlight.Add(-1)
+		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -1)
+	}()
+	del := &Delivery{
+		Key: key, Tenant: tenant, Attempt: attempt,
+		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
+		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		Timestamp: d.Timestamp, lease: lease, store: c.store,
+	}
+
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hctx, cancelTimeout := context.WithTimeoutCause(hctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	defer cancelTimeout()
+	if !c.cfg.DisableHeartbeat {
+		stop := c.heartbeat(hctx, lease, cancel)
+		defer stop()
+	}
+
+	t0 := time.Now()
+	result, herr := c.runInTx(hctx, del, lease)
+	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds())
+	if herr == nil {
+		if result.Outcome == dedup.OutcomeRejected {
+			ev.Outcome = OutcomeRejected
+		} else {
+			ev.Outcome = OutcomeProcessed
+		}
+		c.reply(ctx, s, d, &result)
+		return c.ack(d, ev)
+	}
+	if cause := context.Cause(hctx); cause != nil && !errors.Is(herr, cause) {
+		herr = fmt.Errorf("%w (%w)", herr, cause)
+	}
+	ev.Err = herr
+	if errors.Is(herr, dedup.ErrLeaseLost) {
+		// Another worker owns the key now; its outcome stands. Come back
+		// later: by then the key is completed (a duplicate) or free again.
+		ev.Outcome = OutcomeLeaseLost
+		return c.retryLater(ctx, s, d, ev, attempt, c.topo.TierFor(1), herr)
+	}
+	// Release the key now so the retry takes it over without waiting for the lease.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer scancel()
+	if err := c.store.Release(sctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		c.log.Warn("release key failed; the lease will expire", "key_hash", ev.KeyHash, "err", redact.Error(err))
+	}
+	if IsPermanent(herr) {
+		return c.deadLetter(ctx, s, d, ev, ReasonPermanentError, herr, attempt)
+	}
+	return c.retryOrDeadLetter(ctx, s, d, ev, attempt, herr)
+}
+
+var (
+	errHandlerTimeout  = errors.New("handler timeout")
+	errLeaseLostByBeat = fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost)
+)
+
+// heartbeat extends the lease every lease/3 until stopped; when the lease is
+// lost it cancels the handler with ErrLeaseLost as the cause.
+func (c *Consumer) heartbeat(ctx context.Context, lease *dedup.Lease, cancel context.CancelCauseFunc) (stop func()) {
+	period := time.Until(lease.LockedUntil) / 3
+	if period <= 0 {
+		period = time.Second
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				err := c.store.Extend(ctx, lease, c.cfg.Lease)
+				if errors.Is(err, dedup.ErrLeaseLost) {
+					cancel(errLeaseLostByBeat)
+					return
+				}
+				if err != nil && ctx.Err() == nil {
+					c.log.Warn("lease heartbeat failed", "err", redact.Error(err))
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// runInTx runs the handler in a transaction and, unless it failed, completes
+// the key in that transaction and commits. A nil error means committed.
+func (c *Consumer) runInTx(ctx context.Context, del *Delivery, lease *dedup.Lease) (result dedup.Result, err error) {
+	hctx, hspan := c.tracer.Start(ctx, "idemq handler")
+	tx, err := c.store.Pool().Begin(hctx)
+	if err != nil {
+		hspan.End()
+		return result, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	hctx = c.withClaim(hctx, del)
+	resp, herr := c.safeCall(hctx, tx, del)
+	var rej *RejectError
+	switch {
+	case herr == nil:
+		result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
+	case errors.As(herr, &rej):
+		result = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}
+		hspan.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
+	default:
+		hspan.SetStatus(codes.Error, redact.Error(herr))
+		hspan.End()
+		return result, herr
+	}
+	hspan.End()
+
+	cctx, cspan := c.tracer.Start(ctx, "idemq complete")
+	defer cspan.End()
+	if err := c.store.Complete(cctx, tx, lease, result); err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
+		return result, err
+	}
+	if err := tx.Commit(cctx); err != nil {
+		// The commit's fate is unknown: release (a no-op if it did commit)
+		// and retry; the retry is a duplicate if it committed.
+		cspan.SetStatus(codes.Error, redact.Error(err))
+		return result, fmt.Errorf("commit: %w", err)
+	}
+	return result, nil
+}
+
+// safeCall runs the handler, turning a panic into an infrastructure failure.
+func (c *Consumer) safeCall(ctx context.Context, tx pgx.Tx, del *Delivery) (resp Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return c.handler(ctx, tx, del)
+}
+
+// retryOrDeadLetter sends a failed delivery to the next retry tier, or to
+// the DLQ once MaxAttempts is reached.
+func (c *Consumer) retryOrDeadLetter(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, cause error) Event {
+	ev.Err = cause
+	if attempt >= c.cfg.MaxAttempts {
+		return c.deadLetter(ctx, s, d, ev, ReasonMaxAttemptsExceeded, cause, attempt)
+	}
+	ev.Outcome = OutcomeRetried
+	c.metrics.retries.Add(ctx, 1)
+	return c.publishThenAck(ctx, s, d, ev, "", c.topo.TierFor(attempt), RetryHeaders(attempt+1), "idemq retry publish")
+}
+
+// retryLater sends the delivery through a delay tier without counting an
+// attempt (busy key, lost lease).
+func (c *Consumer) retryLater(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, tier string, cause error) Event {
+	ev.Err = cause
+	return c.publishThenAck(ctx, s, d, ev, "", tier, RetryHeaders(attempt), "idemq retry publish")
+}
+
+// deadLetter publishes a copy to Q.dlx with the reason headers, then acks.
+func (c *Consumer) deadLetter(ctx context.Context, s *session, d *amqp.Delivery, ev Event, reason string, cause error, attempt int) Event {
+	if ev.Outcome == "" || ev.Outcome == OutcomeRetried {
+		ev.Outcome = OutcomeDeadLettered
+	}
+	ev.Reason, ev.Err = reason, cause
+	c.metrics.deadLetters.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason)))
+	c.log.Warn("dead-lettered", "reason", reason, "key_hash", ev.KeyHash, "attempt", attempt, "err", redact.Error(cause))
+	return c.publishThenAck(ctx, s, d, ev, c.topo.DLX, "", DeadLetterHeaders(reason, cause, attempt), "idemq dlq publish")
+}
+
+// publishThenAck publishes the copy that replaces d and acks d once the
+// broker confirmed the copy. If the copy cannot be made durable, d is
+// returned to the queue instead (nack with requeue); never dropped.
+func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Delivery, ev Event, exchange, key string, headers amqp.Table, spanName string) Event {
+	msg := copyOf(d, time.Now(), headers)
+	pctx, span := c.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "publish"),
+			attribute.String("messaging.destination.name", exchange+key)))
+	c.prop.Inject(pctx, headerCarrier(msg.Headers))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), settleTimeout)
+	defer cancel()
+	err := s.pub.publish(sctx, exchange, key, msg)
+	if err != nil {
+		span.SetStatus(codes.Error, redact.Error(err))
+		span.End()
+		c.log.Error("could not publish the replacing copy; returning the message to the queue",
+			"key_hash", ev.KeyHash, "err", redact.Error(err))
+		_ = d.Nack(false, true)
+		if ev.Err == nil {
+			ev.Err = err
+		}
+		return ev
+	}
+	span.End()
+	return c.ack(d, ev)
+}
+
+func (c *Consumer) ack(d *amqp.Delivery, ev Event) Event {
+	if err := d.Ack(false); err != nil {
+		// The channel is gone: the broker redelivers, and the key makes the
+		// redelivery harmless.
+		c.log.Warn("ack failed; the message will be redelivered", "key_hash", ev.KeyHash, "err", redact.Error(err))
+	}
+	return ev
+}
+
+// reply sends the stored response to reply_to, when the message asks for one.
+// Best effort: a lost reply is recovered by resending the request, which
+// gets the stored response again.
+func (c *Consumer) reply(ctx context.Context, s *session, d *amqp.Delivery, r *dedup.Result) {
+	if d.ReplyTo == "" || r == nil {
+		return
+	}
+	msg := amqp.Publishing{
+		CorrelationId: d.CorrelationId,
+		MessageId:     d.MessageId,
+		Body:          r.Response,
+		Headers:       amqp.Table{"x-idemq-outcome": string(r.Outcome), "x-idemq-response-code": int32(r.Code)},
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := s.pub.publish(sctx, "", d.ReplyTo, msg); err != nil {
+		c.log.Warn("reply not delivered", "err", redact.Error(err))
+	}
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}

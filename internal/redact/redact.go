@@ -1,0 +1,34 @@
+// Package redact keeps secrets out of logs and errors.
+package redact
+
+import (
+	"net/url"
+	"regexp"
+)
+
+// userinfo matches the credentials part of any URL in free text.
+var userinfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`)
+
+// URL returns u with its password (and user) replaced by "xxxxx", for logs.
+// A string that does not parse as a URL is redacted as free text.
+func URL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.User == nil {
+		return String(u)
+	}
+	parsed.User = url.User("xxxxx")
+	return parsed.String()
+}
+
+// String removes the credentials of every URL in s.
+func String(s string) string {
+	return userinfo.ReplaceAllString(s, "${1}xxxxx@")
+}
+
+// Error returns err's text with credentials removed ("" for nil).
+func Error(err error) string {
+	if err == nil {
+		return ""
+	}
+	return String(err.Error())
+}

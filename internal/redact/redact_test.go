@@ -1,0 +1,28 @@
+package redact_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemq/idemq/internal/redact"
+)
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"amqp://guest:s3cret@127.0.0.1:5672/",
+		"amqps://user:s3cret@broker:5671/vhost?heartbeat=10",
+		"postgres://app:s3cret@db:5432/idemq?sslmode=verify-full",
+		"dial postgres://app:s3cret@db/x: connection refused",
+	} {
+		for _, got := range []string{redact.URL(in), redact.String(in), redact.Error(errors.New(in))} {
+			if strings.Contains(got, "s3cret") {
+				t.Fatalf("secret left in %q → %q", in, got)
+			}
+		}
+	}
+	if got := redact.URL("postgres://postgres@127.0.0.1:5432/test"); strings.Contains(got, "postgres@") {
+		t.Fatalf("user left in %q", got)
+	}
+}
