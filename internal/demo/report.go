@@ -1,0 +1,319 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+)
+
+// Report is the outcome of a run, computed at the end from the database (key
+// rows, ledger, publication log, worker events) and the queues.
+type Report struct {
+	Seed int64
+	// Published counts the messages the broker confirmed; PublishedByKind
+	// splits them by what the scenario meant them to be.
+	Published       int
+	PublishedByKind map[string]int
+	// DuplicatesPublished counts publications that repeat an earlier one of
+	// the same key with the same body (redeliveries and burst copies).
+	DuplicatesPublished int
+
+	// UniqueKeys counts the keys whose first publication is a valid payment
+	// (a valid key and a well-formed body). Each must end in one of
+	// Processed, Rejected, DeadLetteredKeys; LostKeys counts the others.
+	UniqueKeys       int
+	Processed        int // completed ok: exactly one ledger row
+	Rejected         int // completed as a business rejection: no ledger row
+	DeadLetteredKeys int // failed on every attempt, a copy in the DLQ: no ledger row
+	LostKeys         int // none of the above: the invariant is broken
+
+	// Effects counts ledger rows (card charges). It must equal Processed.
+	Effects int
+	// DoubledKeys counts keys with more than one ledger row.
+	DoubledKeys int
+	// StrayEffects counts ledger rows of keys that are not completed ok.
+	StrayEffects int
+	// UnexpectedCompletions counts completed keys whose first publication
+	// was not a valid payment.
+	UnexpectedCompletions int
+
+	// From the workers' events (best effort: a killed worker loses its last ones).
+	DuplicatesSuppressed int
+	Retries              int // infrastructure failures sent through a retry tier
+	Deferred             int // copies that found their key leased by another worker
+	LeaseLost            int
+
+	// DeadLetters counts the DLQ's messages by x-idemq-reason;
+	// ExpectedDeadLetters is what the publications call for (at least).
+	DeadLetters         map[string]int
+	ExpectedDeadLetters map[string]int
+
+	// InProgress counts keys still held under a valid lease (must be 0);
+	// Released counts keys given up after a failure (poison, exhausted
+	// attempts), left for retention to collect.
+	InProgress int
+	Released   int
+	// Unsettled counts messages left in the work queue and the retry tiers.
+	Unsettled int
+
+	WorkerKills, WorkerRestarts int
+	Elapsed                     time.Duration
+
+	// DuplicateTraceID is the trace of one suppressed duplicate,
+	// OriginalTraceID that of the processing it duplicated; TraceLink shows
+	// them (a Jaeger link, a trace id, or why there is none).
+	DuplicateTraceID, OriginalTraceID string
+	TraceLink                         string
+
+	// Failures lists what broke the invariant; empty means OK.
+	Failures []string
+}
+
+// OK reports whether the run upheld the invariant.
+func (r Report) OK() bool { return len(r.Failures) == 0 }
+
+// report computes the Report from the database and the queues.
+func (r *runner) report(ctx context.Context) (Report, error) {
+	rep := Report{
+		Seed: r.o.Seed, WorkerKills: r.kills, WorkerRestarts: r.restarts,
+		PublishedByKind: map[string]int{}, ExpectedDeadLetters: map[string]int{},
+	}
+	s := pgx.Identifier{r.o.Schema}.Sanitize()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	rows, err := r.pool.Query(ctx, `SELECT kind, count(*) FROM `+s+`.publications GROUP BY kind`)
+	if err != nil {
+		return rep, err
+	}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			return rep, err
+		}
+		rep.PublishedByKind[k] = n
+		rep.Published += n
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+
+	// The first publication of each key decides what the key is.
+	const firsts = `WITH f AS (
+    SELECT DISTINCT ON (key) key, seq, body, valid FROM %[1]s.publications WHERE key <> '' ORDER BY key, seq
+), e AS (SELECT key, body FROM f WHERE valid)`
+	var notCompleted []string
+	var down int
+	err = r.pool.QueryRow(ctx, fmt.Sprintf(firsts+`
+SELECT
+    (SELECT count(*) FROM e),
+    (SELECT count(*) FROM %[1]s.publications p JOIN f ON p.key = f.key AND p.seq > f.seq AND p.body = f.body WHERE f.valid),
+    (SELECT count(*) FROM e WHERE convert_from(body, 'UTF8')::jsonb->>'network' = $2),
+    (SELECT count(*) FROM e JOIN %[1]s.keys k ON (k.consumer, k.tenant, k.key) = ($1, '', e.key) WHERE k.state = 'completed' AND k.outcome = 'ok'),
+    (SELECT count(*) FROM e JOIN %[1]s.keys k ON (k.consumer, k.tenant, k.key) = ($1, '', e.key) WHERE k.state = 'completed' AND k.outcome = 'rejected'),
+    (SELECT coalesce(array_agg(e.key ORDER BY e.key), '{}') FROM e LEFT JOIN %[1]s.keys k ON (k.consumer, k.tenant, k.key) = ($1, '', e.key)
+        WHERE k.state IS DISTINCT FROM 'completed'),
+    (SELECT count(*) FROM %[1]s.keys k WHERE k.state = 'completed' AND NOT EXISTS (SELECT 1 FROM e WHERE e.key = k.key))`, s),
+		consumerName, downNetwork,
+	).Scan(&rep.UniqueKeys, &rep.DuplicatesPublished, &down, &rep.Processed, &rep.Rejected, &notCompleted, &rep.UnexpectedCompletions)
+	if err != nil {
+		return rep, fmt.Errorf("key fates: %w", err)
+	}
+
+	err = r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT
+    (SELECT count(*) FROM %[1]s.charges),
+    (SELECT count(*) FROM (SELECT key FROM %[1]s.charges GROUP BY key HAVING count(*) > 1) d),
+    (SELECT count(*) FROM %[1]s.charges c WHERE NOT EXISTS (SELECT 1 FROM %[1]s.keys k
+        WHERE (k.consumer, k.tenant, k.key) = ($1, '', c.key) AND k.state = 'completed' AND k.outcome = 'ok')),
+    (SELECT count(*) FROM %[1]s.keys WHERE state = 'in_progress' AND locked_until > now()),
+    (SELECT count(*) FROM %[1]s.keys WHERE state = 'in_progress' AND locked_until <= now())`, s),
+		consumerName,
+	).Scan(&rep.Effects, &rep.DoubledKeys, &rep.StrayEffects, &rep.InProgress, &rep.Released)
+	if err != nil {
+		return rep, fmt.Errorf("effects: %w", err)
+	}
+
+	rows, err = r.pool.Query(ctx, `SELECT outcome, count(*) FROM `+s+`.events GROUP BY outcome`)
+	if err != nil {
+		return rep, err
+	}
+	for rows.Next() {
+		var o string
+		var n int
+		if err := rows.Scan(&o, &n); err != nil {
+			return rep, err
+		}
+		switch consumer.Outcome(o) {
+		case consumer.OutcomeDuplicate:
+			rep.DuplicatesSuppressed = n
+		case consumer.OutcomeRetried:
+			rep.Retries = n
+		case consumer.OutcomeInProgress:
+			rep.Deferred = n
+		case consumer.OutcomeLeaseLost:
+			rep.LeaseLost = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+
+	// The queues: nothing left to settle; the DLQ read by reason.
+	st, err := r.insp.state()
+	if err != nil {
+		return rep, err
+	}
+	rep.Unsettled = st.Ready + st.Retrying
+	var dlqIDs map[string][]string
+	rep.DeadLetters, dlqIDs, err = r.insp.deadLetters()
+	if err != nil {
+		return rep, err
+	}
+	rep.ExpectedDeadLetters = map[string]int{
+		consumer.ReasonPermanentError:      rep.PublishedByKind[string(kindPoison)],
+		consumer.ReasonKeyReuse:            rep.PublishedByKind[string(kindReuse)],
+		consumer.ReasonKeyRequired:         rep.PublishedByKind[string(kindNoKey)],
+		consumer.ReasonKeyInvalid:          rep.PublishedByKind[string(kindBadKey)],
+		consumer.ReasonMaxAttemptsExceeded: down,
+	}
+	exhausted := map[string]bool{}
+	for _, id := range dlqIDs[consumer.ReasonMaxAttemptsExceeded] {
+		exhausted[id] = true
+	}
+	for _, key := range notCompleted {
+		if exhausted[key] {
+			rep.DeadLetteredKeys++
+		} else {
+			rep.LostKeys++
+		}
+	}
+
+	if err := r.traceLink(ctx, &rep); err != nil {
+		return rep, err
+	}
+	rep.check()
+	return rep, nil
+}
+
+// traceLink picks one suppressed duplicate (from a burst if possible) and
+// links its trace.
+func (r *runner) traceLink(ctx context.Context, rep *Report) error {
+	s := pgx.Identifier{r.o.Schema}.Sanitize()
+	var burstHashes []string
+	for _, k := range r.plan.Bursts {
+		burstHashes = append(burstHashes, dedup.KeyHash(consumerName, "", k))
+	}
+	err := r.pool.QueryRow(ctx, `SELECT trace_id, original_trace_id FROM `+s+`.events
+WHERE outcome = 'duplicate' AND trace_id <> '' AND original_trace_id <> ''
+ORDER BY key_hash = ANY($1) DESC, id LIMIT 1`, burstHashes).Scan(&rep.DuplicateTraceID, &rep.OriginalTraceID)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("trace of a duplicate: %w", err)
+	}
+	switch {
+	case rep.DuplicateTraceID != "" && r.o.JaegerURL != "":
+		rep.TraceLink = fmt.Sprintf("%[1]s/trace/%[2]s (it links to the original processing: %[1]s/trace/%[3]s)",
+			r.o.JaegerURL, rep.DuplicateTraceID, rep.OriginalTraceID)
+	case rep.DuplicateTraceID != "":
+		rep.TraceLink = fmt.Sprintf("trace %s, original processing in trace %s (set %s for a Jaeger link)",
+			rep.DuplicateTraceID, rep.OriginalTraceID, JaegerURLEnv)
+	default:
+		rep.TraceLink = "(tracing off: set OTEL_EXPORTER_OTLP_ENDPOINT)"
+	}
+	return nil
+}
+
+// check fills Failures with every broken part of the invariant.
+func (rep *Report) check() {
+	var f []string
+	if rep.Effects != rep.Processed {
+		f = append(f, fmt.Sprintf("effects applied %d != unique keys processed %d", rep.Effects, rep.Processed))
+	}
+	if rep.DoubledKeys > 0 {
+		f = append(f, fmt.Sprintf("%d keys charged more than once", rep.DoubledKeys))
+	}
+	if rep.StrayEffects > 0 {
+		f = append(f, fmt.Sprintf("%d charges without a processed key", rep.StrayEffects))
+	}
+	if rep.LostKeys > 0 {
+		f = append(f, fmt.Sprintf("%d keys lost (neither completed nor dead-lettered)", rep.LostKeys))
+	}
+	if rep.UnexpectedCompletions > 0 {
+		f = append(f, fmt.Sprintf("%d keys completed that were never a valid payment", rep.UnexpectedCompletions))
+	}
+	if rep.InProgress > 0 {
+		f = append(f, fmt.Sprintf("%d keys still in progress", rep.InProgress))
+	}
+	if rep.Unsettled > 0 {
+		f = append(f, fmt.Sprintf("%d messages left in the work queue and retry tiers", rep.Unsettled))
+	}
+	for _, reason := range slices.Sorted(maps.Keys(rep.ExpectedDeadLetters)) {
+		if want, got := rep.ExpectedDeadLetters[reason], rep.DeadLetters[reason]; got < want {
+			f = append(f, fmt.Sprintf("%d dead letters %s, want %d", got, reason, want))
+		}
+	}
+	rep.Failures = append(rep.Failures, f...)
+}
+
+// print writes the report.
+func (rep Report) print(w io.Writer) {
+	k := rep.PublishedByKind
+	line := func(label string, format string, args ...any) {
+		fmt.Fprintf(w, "  %-22s %s\n", label, fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Report (from the database and the queues)")
+	line("published", "%d messages: %d payments, %d burst copies, %d redeliveries, %d key reuses, %d poison, %d without key, %d invalid keys",
+		rep.Published, k[string(kindPayment)], k[string(kindBurst)], k[string(kindDuplicate)], k[string(kindReuse)],
+		k[string(kindPoison)], k[string(kindNoKey)], k[string(kindBadKey)])
+	line("unique keys", "%d (first publication a valid payment)", rep.UniqueKeys)
+	line("  processed", "%d", rep.Processed)
+	line("  rejected", "%d (insufficient funds: stored, replayed to duplicates)", rep.Rejected)
+	line("  dead-lettered", "%d (card network down on every attempt)", rep.DeadLetteredKeys)
+	line("  lost", "%d", rep.LostKeys)
+	line("effects applied", "%d card charges in the ledger (%d keys charged twice)", rep.Effects, rep.DoubledKeys)
+	line("duplicates suppressed", "%d (of %d duplicate copies published; more after a kill: redelivered unacked messages)",
+		rep.DuplicatesSuppressed, rep.DuplicatesPublished)
+	line("retries", "%d infrastructure failures retried through the tiers", rep.Retries)
+	line("deferred", "%d copies found their key leased by another worker (bursts, the killed worker's keys)", rep.Deferred)
+	if rep.LeaseLost > 0 {
+		line("leases lost", "%d", rep.LeaseLost)
+	}
+	total := 0
+	for _, n := range rep.DeadLetters {
+		total += n
+	}
+	line("dead letters", "%d", total)
+	reasons := slices.Sorted(maps.Keys(rep.DeadLetters))
+	for _, reason := range slices.Sorted(maps.Keys(rep.ExpectedDeadLetters)) {
+		if _, ok := rep.DeadLetters[reason]; !ok {
+			reasons = append(reasons, reason)
+		}
+	}
+	for _, reason := range reasons {
+		line("  "+reason, "%d (expected %d)", rep.DeadLetters[reason], rep.ExpectedDeadLetters[reason])
+	}
+	line("keys in progress", "%d (%d released after a failure, left to retention)", rep.InProgress, rep.Released)
+	line("worker kills", "%d (SIGKILL; the others stopped with SIGTERM)", rep.WorkerKills)
+	if rep.WorkerRestarts > 0 {
+		line("worker restarts", "%d", rep.WorkerRestarts)
+	}
+	line("elapsed", "%s", rep.Elapsed.Round(100*time.Millisecond))
+	line("a duplicate in Jaeger", "%s", rep.TraceLink)
+	fmt.Fprintln(w)
+	if rep.OK() {
+		fmt.Fprintln(w, "OK: effects applied == unique keys processed, 0 doubled, 0 lost")
+		return
+	}
+	fmt.Fprintln(w, "FAILED: "+strings.Join(rep.Failures, "; "))
+}
