@@ -254,3 +254,7 @@ func header(d amqp.Delivery, name string) string {
 var errInfra = errors.New("database of the card network is down")
 
 func keyOf(i int, prefix string) string { return fmt.Sprintf("%s-%05d", strings.TrimSpace(prefix), i) }
+
+type pgxPoolT = pgxpool.Pool
+
+var pgxNew = pgxpool.New

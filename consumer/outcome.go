@@ -39,6 +39,9 @@ type Event struct {
 	Attempt int
 	// Err is the failure behind retries and dead letters.
 	Err error
+	// TraceID is the trace of this delivery's process span (hex); for a
+	// duplicate, OriginalTraceID is the trace of the processing it duplicated.
+	TraceID, OriginalTraceID string
 	// Duration is the time from delivery to ack.
 	Duration time.Duration
 }

@@ -42,6 +42,9 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 
 	ev := c.route(ctx, s, d, attempt, span)
 	ev.Attempt = attempt
+	if sc := span.SpanContext(); sc.IsValid() {
+		ev.TraceID = sc.TraceID().String()
+	}
 	ev.Duration = time.Since(start)
 	span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
 	if ev.Reason != "" {
@@ -84,12 +87,15 @@ func (c *Consumer) route(ctx context.Context, s *session, d *amqp.Delivery, atte
 		return c.deadLetter(ctx, s, d, ev, ReasonPermanentError, fmt.Errorf("fingerprint: %w", err), attempt)
 	}
 
-	sc := span.SpanContext()
+	var traceID, spanID string
+	if sc := span.SpanContext(); sc.IsValid() {
+		traceID, spanID = sc.TraceID().String(), sc.SpanID().String()
+	}
 	rctx, rspan := c.tracer.Start(ctx, "idemq reserve")
 	t0 := time.Now()
 	res, err := c.store.Reserve(rctx, dedup.Claim{
 		Consumer: c.cfg.Name, Tenant: tenant, Key: key, Fingerprint: fp,
-		TraceID: sc.TraceID().String(), SpanID: sc.SpanID().String(), Lease: c.cfg.Lease,
+		TraceID: traceID, SpanID: spanID, Lease: c.cfg.Lease,
 	})
 	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds())
 	if err != nil {
@@ -104,6 +110,7 @@ func (c *Consumer) route(ctx context.Context, s *session, d *amqp.Delivery, atte
 	switch res.Decision {
 	case dedup.Duplicate:
 		ev.Outcome = OutcomeDuplicate
+		ev.OriginalTraceID = res.Record.TraceID
 		c.markDuplicate(ctx, span, res.Record)
 		c.reply(ctx, s, d, res.Record.Result)
 		return c.ack(d, ev)

@@ -8,10 +8,10 @@ package testamqp
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -112,35 +112,29 @@ func DeleteQueuesAtCleanup(tb testing.TB, queues, exchanges []string) {
 	})
 }
 
+var connectionName = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
+
 // CloseConnections closes, from the broker's side, every connection whose
 // name starts with prefix, as `rabbitmqctl close_connection` does, and
 // returns how many it closed. Other tests' connections are left alone.
 func CloseConnections(tb testing.TB, prefix string) int {
 	tb.Helper()
-	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "pid", "client_properties", "--formatter", "json").Output()
+	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").Output()
 	if err != nil {
 		tb.Fatalf("testamqp: rabbitmqctl list_connections: %v", err)
 	}
-	var conns []struct {
-		PID              string  `json:"pid"`
-		ClientProperties [][]any `json:"client_properties"`
-	}
-	if err := json.Unmarshal(out, &conns); err != nil {
-		tb.Fatalf("testamqp: parse list_connections: %v: %s", err, out)
-	}
 	closed := 0
-	for _, c := range conns {
-		name := ""
-		for _, prop := range c.ClientProperties {
-			if len(prop) == 3 && prop[0] == "connection_name" {
-				name, _ = prop[2].(string)
-			}
-		}
-		if !strings.HasPrefix(name, prefix) {
+	for _, line := range strings.Split(string(out), "\n") {
+		pid, props, ok := strings.Cut(line, "\t")
+		if !ok {
 			continue
 		}
-		if out, err := exec.Command("rabbitmqctl", "close_connection", c.PID, "closed by test").CombinedOutput(); err != nil {
-			tb.Logf("testamqp: close_connection %s: %v: %s", c.PID, err, out)
+		m := connectionName.FindStringSubmatch(props)
+		if m == nil || !strings.HasPrefix(m[1], prefix) {
+			continue
+		}
+		if out, err := exec.Command("rabbitmqctl", "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
+			tb.Logf("testamqp: close_connection %s: %v: %s", pid, err, out)
 			continue
 		}
 		closed++
