@@ -1,0 +1,479 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+type relayStatements struct {
+	claim, lockKeys, markPublished, markFailed string
+	lockClass                                  string
+}
+
+func newRelayStatements(schema string) relayStatements {
+	t := pgx.Identifier{schema, "outbox"}.Sanitize()
+	return relayStatements{
+		// Pending rows in id order. A row with an ordering key is eligible
+		// only while no older row of its key is pending (published or parked
+		// ones do not block), so one relay holds at most the head of a key.
+		claim: `SELECT o.id, o.exchange, o.routing_key, o.headers, o.body, o.content_type,
+    o.content_encoding, o.delivery_mode, o.priority, o.correlation_id, o.reply_to,
+    o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''),
+    coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), o.attempts, o.returns, o.created_at
+FROM ` + t + ` o
+WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.available_at <= now()
+  AND (o.ordering_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM ` + t + ` p
+      WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+        AND p.published_at IS NULL AND p.parked_at IS NULL))
+ORDER BY o.id
+LIMIT $1
+FOR UPDATE OF o SKIP LOCKED`,
+
+		// One transaction-scoped advisory lock per ordering key: a relay
+		// whose snapshot shows an older head of the key than another relay
+		// is publishing (rows commit out of id order) waits its turn.
+		lockKeys: `SELECT k FROM unnest($1::text[]) AS k
+WHERE pg_try_advisory_xact_lock(hashtext($2), hashtext(k))`,
+		lockClass: schema + ".outbox",
+
+		markPublished: `UPDATE ` + t + `
+SET published_at = now(), attempts = attempts + 1
+WHERE id = ANY($1)`,
+
+		markFailed: `UPDATE ` + t + ` AS o
+SET attempts = o.attempts + 1,
+    returns = o.returns + f.returned,
+    last_error = f.err,
+    available_at = now() + f.delay_us * interval '1 microsecond',
+    parked_at = CASE WHEN f.park THEN now() END,
+    parked_reason = CASE WHEN f.park THEN f.err END
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f(id, returned, err, delay_us, park)
+WHERE o.id = f.id`,
+	}
+}
+
+// row is one claimed outbox row.
+type row struct {
+	id                                      int64
+	exchange, routingKey                    string
+	headers                                 []byte
+	body                                    []byte
+	contentType, contentEncoding            string
+	deliveryMode, priority                  int16
+	correlationID, replyTo, expiration, typ string
+	appID, messageID, orderingKey           string
+	traceparent, tracestate                 string
+	attempts, returns                       int
+	createdAt                               time.Time
+}
+
+// outcome is what became of one row's publish.
+type outcome int
+
+const (
+	pending   outcome = iota // not published in this batch (ordering lock held elsewhere)
+	confirmed                // acked and not returned
+	returned                 // unroutable, or its exchange is missing
+	nacked                   // the broker refused it
+	timedOut                 // no confirm in time
+	bad                      // cannot be published as stored (headers)
+)
+
+type published struct {
+	row    *row
+	dc     *amqp.DeferredConfirmation
+	span   trace.Span
+	result outcome
+	reason string
+}
+
+// relayBatch claims up to BatchSize rows, publishes them, waits for their
+// confirms and records the results, all in one transaction: rows are marked
+// only after the broker confirmed them. A *brokerError means the session
+// broke; the transaction then rolls back and the rows stay pending.
+func (r *Relay) relayBatch(ctx context.Context, s *session) (int, error) {
+	// The batch runs to its end even when ctx ends (that is the drain), but
+	// within a bound.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+30*time.Second)
+	defer cancel()
+
+	tx, err := r.pool.Begin(bctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
+
+	rows, err := r.claim(bctx, tx)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	pubs, err := r.publishAll(bctx, s, rows)
+	if err != nil {
+		endSpans(pubs, err)
+		return 0, err
+	}
+	timeout := r.awaitConfirms(s, pubs)
+	if !s.alive() {
+		// Pending confirms of a closed channel read as nacks: trust none.
+		err := &brokerError{fmt.Errorf("channel closed during the batch: %w", s.deathErr())}
+		endSpans(pubs, err)
+		return 0, err
+	}
+	if err := r.record(bctx, tx, pubs); err != nil {
+		endSpans(pubs, err)
+		return 0, err
+	}
+	if err := tx.Commit(bctx); err != nil {
+		// The broker has the messages; the rows stay pending and will be
+		// published again, with the same message ids.
+		err = fmt.Errorf("commit: %w", err)
+		endSpans(pubs, err)
+		return 0, err
+	}
+	r.report(bctx, pubs)
+	if timeout {
+		// Late confirms and returns may still come on this channel: start
+		// a fresh one rather than mistake them for the next batch's.
+		return len(rows), &brokerError{errors.New("publisher confirms timed out")}
+	}
+	return len(rows), nil
+}
+
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*row, error) {
+	rs, err := tx.Query(ctx, r.sql.claim, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	rows, err := pgx.CollectRows(rs, func(rs pgx.CollectableRow) (*row, error) {
+		var w row
+		err := rs.Scan(&w.id, &w.exchange, &w.routingKey, &w.headers, &w.body, &w.contentType,
+			&w.contentEncoding, &w.deliveryMode, &w.priority, &w.correlationID, &w.replyTo,
+			&w.expiration, &w.typ, &w.appID, &w.messageID, &w.orderingKey,
+			&w.traceparent, &w.tracestate, &w.attempts, &w.returns, &w.createdAt)
+		return &w, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	var keys []string
+	for _, w := range rows {
+		if w.orderingKey != "" {
+			keys = append(keys, w.orderingKey)
+		}
+	}
+	if len(keys) == 0 {
+		return rows, nil
+	}
+	krs, err := tx.Query(ctx, r.sql.lockKeys, keys, r.sql.lockClass)
+	if err != nil {
+		return nil, fmt.Errorf("lock ordering keys: %w", err)
+	}
+	locked, err := pgx.CollectRows(krs, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("lock ordering keys: %w", err)
+	}
+	held := make(map[string]bool, len(locked))
+	for _, k := range locked {
+		held[k] = true
+	}
+	out := rows[:0]
+	for _, w := range rows {
+		if w.orderingKey == "" || held[w.orderingKey] {
+			out = append(out, w)
+		}
+	}
+	return out, nil
+}
+
+// publishAll publishes the rows in id order, mandatory and with confirms.
+func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) ([]*published, error) {
+	pubs := make([]*published, 0, len(rows))
+	for _, w := range rows {
+		p := &published{row: w}
+		pubs = append(pubs, p)
+		ok, err := s.exchangeExists(w.exchange)
+		if err != nil {
+			return pubs, err
+		}
+		if !ok {
+			p.result, p.reason = returned, "exchange not found"
+			continue
+		}
+		headers, err := decodeHeaders(w.headers)
+		if err != nil {
+			p.result, p.reason = bad, err.Error()
+			continue
+		}
+		if headers == nil {
+			headers = amqp.Table{}
+		}
+		spanCtx, span := r.startSpan(ctx, w)
+		p.span = span
+		carrier := propagation.MapCarrier{}
+		r.prop.Inject(spanCtx, carrier)
+		for k, v := range carrier {
+			headers[k] = v
+		}
+		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, w.exchange, w.routingKey, true, false, amqp.Publishing{
+			Headers:         headers,
+			ContentType:     w.contentType,
+			ContentEncoding: w.contentEncoding,
+			DeliveryMode:    uint8(w.deliveryMode),
+			Priority:        uint8(w.priority),
+			CorrelationId:   w.correlationID,
+			ReplyTo:         w.replyTo,
+			Expiration:      w.expiration,
+			MessageId:       w.messageID,
+			Timestamp:       w.createdAt,
+			Type:            w.typ,
+			AppId:           w.appID,
+			Body:            w.body,
+		})
+		if err != nil {
+			return pubs, &brokerError{fmt.Errorf("publish: %w", err)}
+		}
+		p.dc = dc
+	}
+	return pubs, nil
+}
+
+func (r *Relay) startSpan(ctx context.Context, w *row) (context.Context, trace.Span) {
+	parent := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
+		"traceparent": w.traceparent, "tracestate": w.tracestate,
+	})
+	dest := w.exchange
+	if dest == "" {
+		dest = "amq.default"
+	}
+	return r.tracer.Start(parent, dest+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", dest),
+			attribute.String("messaging.rabbitmq.destination.routing_key", w.routingKey),
+			attribute.String("messaging.message.id", w.messageID),
+			attribute.Int64("idemq.outbox.id", w.id),
+			attribute.Int("idemq.outbox.attempt", w.attempts+1),
+		))
+}
+
+// awaitConfirms waits for every confirm of the batch, reading returns
+// meanwhile, until the confirm timeout. A return arrives before the confirm
+// of its message, so once all confirms are in, every return is too. It
+// reports whether the timeout struck.
+func (r *Relay) awaitConfirms(s *session, pubs []*published) (timeout bool) {
+	deadline := time.NewTimer(r.cfg.ConfirmTimeout)
+	defer deadline.Stop()
+	byID := make(map[string]*published, len(pubs))
+	for _, p := range pubs {
+		if p.dc != nil {
+			byID[p.row.messageID] = p
+		}
+	}
+	returns := s.returns
+	onReturn := func(ret amqp.Return, ok bool) {
+		if !ok {
+			returns = nil // closed with the channel; s.dead tells
+			return
+		}
+		if p, ok := byID[ret.MessageId]; ok {
+			p.result = returned
+			p.reason = fmt.Sprintf("unroutable: %d %s", ret.ReplyCode, ret.ReplyText)
+		}
+	}
+wait:
+	for _, p := range pubs {
+		if p.dc == nil {
+			continue
+		}
+		for {
+			select {
+			case <-p.dc.Done():
+				continue wait
+			case ret, ok := <-returns:
+				onReturn(ret, ok)
+			case <-s.dead:
+				return false
+			case <-deadline.C:
+				timeout = true
+				break wait
+			}
+		}
+	}
+	for returns != nil {
+		select {
+		case ret, ok := <-returns:
+			onReturn(ret, ok)
+			continue
+		default:
+		}
+		break
+	}
+	for _, p := range pubs {
+		if p.dc == nil || p.result == returned {
+			continue
+		}
+		select {
+		case <-p.dc.Done():
+			if p.dc.Acked() {
+				p.result = confirmed
+			} else {
+				p.result, p.reason = nacked, "nacked by the broker"
+			}
+		default:
+			p.result, p.reason = timedOut, "publisher confirm timed out"
+		}
+	}
+	return timeout
+}
+
+// record writes the batch's results into the claimed rows.
+func (r *Relay) record(ctx context.Context, tx pgx.Tx, pubs []*published) error {
+	var ok []int64
+	var ids, delays []int64
+	var rets []int32
+	var errs []string
+	var parks []bool
+	for _, p := range pubs {
+		w := p.row
+		switch p.result {
+		case pending:
+			continue
+		case confirmed:
+			ok = append(ok, w.id)
+			continue
+		}
+		ret := int32(0)
+		park := false
+		switch p.result {
+		case returned:
+			ret = 1
+			park = w.returns+1 >= r.cfg.MaxReturns
+		case bad:
+			park = true
+		}
+		ids = append(ids, w.id)
+		rets = append(rets, ret)
+		errs = append(errs, p.reason)
+		delays = append(delays, r.retryDelay(w.attempts+1).Microseconds())
+		parks = append(parks, park)
+		p.reason = fmt.Sprintf("%s (attempt %d)", p.reason, w.attempts+1)
+		if park {
+			p.result = parkedOutcome(p.result)
+		}
+	}
+	if len(ok) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markPublished, ok); err != nil {
+			return fmt.Errorf("mark published: %w", err)
+		}
+	}
+	if len(ids) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markFailed, ids, rets, errs, delays, parks); err != nil {
+			return fmt.Errorf("mark failed: %w", err)
+		}
+	}
+	return nil
+}
+
+// parked outcomes are the failed ones plus a flag; kept apart for reporting.
+const parkedFlag outcome = 1 << 8
+
+func parkedOutcome(o outcome) outcome { return o | parkedFlag }
+
+// retryDelay is the ExponentialBackOff delay before the given attempt's
+// successor: RetryInitial × 1.5^(attempt-1), capped at RetryMax, ±50% jitter.
+func (r *Relay) retryDelay(attempt int) time.Duration {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = r.cfg.RetryInitial
+	bo.MaxInterval = r.cfg.RetryMax
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	d := bo.InitialInterval
+	for range min(attempt, 64) {
+		d = bo.NextBackOff()
+	}
+	return d
+}
+
+// report counts, logs and ends the spans of a committed batch.
+func (r *Relay) report(ctx context.Context, pubs []*published) {
+	for _, p := range pubs {
+		w := p.row
+		parked := p.result&parkedFlag != 0
+		result := p.result &^ parkedFlag
+		switch result {
+		case pending:
+			endSpan(p.span, nil)
+			continue
+		case confirmed:
+			r.counts.published.Add(1)
+			r.inst.published.Add(ctx, 1, r.inst.attrs)
+			r.inst.lag.Record(ctx, time.Since(w.createdAt).Seconds(), r.inst.attrs)
+			endSpan(p.span, nil)
+			continue
+		case returned:
+			r.counts.returned.Add(1)
+			r.inst.returned.Add(ctx, 1, r.inst.attrs)
+			r.log.Warn("outbox message unroutable: kept, will be retried or parked",
+				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey,
+				"returns", w.returns+1, "max_returns", r.cfg.MaxReturns, "reason", p.reason, "parked", parked)
+		case nacked:
+			r.counts.nacked.Add(1)
+			r.inst.nacked.Add(ctx, 1, r.inst.attrs)
+			r.log.Warn("outbox message nacked by the broker: kept, will be retried",
+				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "attempt", w.attempts+1)
+		case timedOut:
+			r.counts.timedOut.Add(1)
+			r.inst.timedOut.Add(ctx, 1, r.inst.attrs)
+			r.log.Warn("outbox message not confirmed in time: kept, will be retried",
+				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "attempt", w.attempts+1)
+		case bad:
+			r.log.Error("outbox row cannot be published as stored",
+				"id", w.id, "message_id", w.messageID, "reason", p.reason)
+		}
+		if parked {
+			r.counts.parked.Add(1)
+			r.inst.parked.Add(ctx, 1, r.inst.attrs)
+			r.log.Warn("outbox message PARKED: it will not be published until an operator acts",
+				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey,
+				"reason", p.reason)
+		}
+		endSpan(p.span, errors.New(p.reason))
+	}
+}
+
+func endSpans(pubs []*published, err error) {
+	for _, p := range pubs {
+		endSpan(p.span, err)
+	}
+}
+
+func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.SetStatus(codes.Error, redactURLs(err.Error()))
+	}
+	span.End()
+}
+
+var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@`)
+
+// redactURLs replaces the password of any URL in s.
+func redactURLs(s string) string {
+	return urlPassword.ReplaceAllString(s, "${1}xxxxx@")
+}

@@ -1,0 +1,236 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Message is one message to publish. Only Exchange or RoutingKey, and Body,
+// are usually set; the rest mirror amqp.Publishing.
+type Message struct {
+	// Exchange and RoutingKey say where the relay publishes. "" is the
+	// default exchange, where RoutingKey names a queue.
+	Exchange, RoutingKey string
+	// Headers are published as AMQP headers, with their types kept (see
+	// docs/outbox.md). The relay adds traceparent/tracestate.
+	Headers amqp.Table
+	Body    []byte
+	// ContentType and ContentEncoding are the MIME properties.
+	ContentType, ContentEncoding string
+	// MessageID is published as the message_id property, the key downstream
+	// consumers deduplicate on. Empty means derived from the claim in the
+	// context (see WithClaim), or a random UUID when there is none.
+	MessageID string
+	// OrderingKey, when set, orders the message after every earlier message
+	// with the same key: the relays publish one at a time per key, in
+	// commit order. It costs throughput on that key; see docs/outbox.md.
+	OrderingKey string
+	// DeliveryMode is amqp.Persistent (the default, when zero) or amqp.Transient.
+	DeliveryMode uint8
+	// Priority is the AMQP priority, 0 to 9 in practice.
+	Priority uint8
+	// CorrelationID, ReplyTo, Expiration, Type and AppID are the AMQP properties of those names.
+	CorrelationID, ReplyTo, Expiration, Type, AppID string
+}
+
+// Config configures an Outbox. A nil *Config means all defaults.
+type Config struct {
+	// Schema is the Postgres schema holding the outbox table (created by
+	// dedup.Migrate). Default dedup.DefaultSchema.
+	Schema string
+	// Propagator injects the caller's trace context into each row. Default:
+	// otel.GetTextMapPropagator(). Only its traceparent and tracestate
+	// fields are stored, so it should speak W3C Trace Context.
+	Propagator propagation.TextMapPropagator
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *Config) WithDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
+	return out
+}
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+func (c Config) validate() error {
+	return validateSchema(c.Schema)
+}
+
+func validateSchema(s string) error {
+	if !schemaName.MatchString(s) {
+		return fmt.Errorf("schema %q: want lowercase letters, digits and underscores, starting with a letter or underscore", s)
+	}
+	return nil
+}
+
+// Outbox writes messages into the outbox table of one schema, always in the
+// caller's transaction. It is safe for concurrent use.
+type Outbox struct {
+	cfg    Config
+	table  string
+	insert string
+}
+
+// New returns an Outbox. A nil cfg means defaults. The table must exist: run
+// dedup.Migrate first (or `idemq migrate`).
+func New(cfg *Config) (*Outbox, error) {
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	table := pgx.Identifier{c.Schema, "outbox"}.Sanitize()
+	return &Outbox{
+		cfg:   c,
+		table: table,
+		insert: `INSERT INTO ` + table + ` (` + columnList + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+	}, nil
+}
+
+// Config returns the outbox's configuration with defaults filled in.
+func (o *Outbox) Config() Config { return o.cfg }
+
+// columns are the ones Enqueue writes, in the order of row().
+var columns = []string{
+	"exchange", "routing_key", "headers", "body", "content_type", "content_encoding",
+	"delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "type", "app_id",
+	"message_id", "ordering_key", "traceparent", "tracestate",
+}
+
+var columnList = func() string {
+	s := ""
+	for i, c := range columns {
+		if i > 0 {
+			s += ", "
+		}
+		s += c
+	}
+	return s
+}()
+
+// Enqueue writes msg into the outbox in tx, the caller's transaction: the
+// message is published if and only if tx commits. A relay publishes it soon
+// after the commit (it is woken by NOTIFY).
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
+	if tx == nil {
+		return errors.New("outbox: enqueue: nil transaction")
+	}
+	row, err := o.row(ctx, msg)
+	if err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	if _, err := tx.Exec(ctx, o.insert, row...); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return nil
+}
+
+// EnqueueBatch writes msgs into the outbox in tx with one COPY. Messages
+// without a MessageID take claim sequence numbers in slice order.
+func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
+	if tx == nil {
+		return errors.New("outbox: enqueue batch: nil transaction")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(msgs))
+	for i, m := range msgs {
+		row, err := o.row(ctx, m)
+		if err != nil {
+			return fmt.Errorf("outbox: enqueue batch: message %d: %w", i, err)
+		}
+		rows[i] = row
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows)); err != nil {
+		return fmt.Errorf("outbox: enqueue batch: %w", err)
+	}
+	return nil
+}
+
+// row checks msg, fills its defaults and returns its column values.
+func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
+	if m.DeliveryMode == 0 {
+		m.DeliveryMode = amqp.Persistent
+	}
+	if m.DeliveryMode != amqp.Persistent && m.DeliveryMode != amqp.Transient {
+		return nil, fmt.Errorf("delivery mode %d: want amqp.Persistent or amqp.Transient", m.DeliveryMode)
+	}
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	if m.MessageID == "" {
+		if c, ok := claimFrom(ctx); ok {
+			m.MessageID = MessageID(c.Claim, c.seq.Add(1))
+		} else {
+			m.MessageID = uuid.NewString()
+		}
+	}
+	headers, err := encodeHeaders(m.Headers)
+	if err != nil {
+		return nil, err
+	}
+	var hdr, orderingKey, traceparent, tracestate any
+	if headers != nil {
+		hdr = string(headers)
+	}
+	if m.OrderingKey != "" {
+		orderingKey = m.OrderingKey
+	}
+	carrier := propagation.MapCarrier{}
+	cmp.Or[propagation.TextMapPropagator](o.cfg.Propagator, otel.GetTextMapPropagator()).Inject(ctx, carrier)
+	if v := carrier["traceparent"]; v != "" {
+		traceparent = v
+	}
+	if v := carrier["tracestate"]; v != "" {
+		tracestate = v
+	}
+	return []any{
+		m.Exchange, m.RoutingKey, hdr, m.Body, m.ContentType, m.ContentEncoding,
+		int16(m.DeliveryMode), int16(m.Priority), m.CorrelationID, m.ReplyTo, m.Expiration, m.Type, m.AppID,
+		m.MessageID, orderingKey, traceparent, tracestate,
+	}, nil
+}
+
+// Enqueue writes msg into the outbox of the schema named by the claim in ctx
+// (see WithClaim), or of dedup.DefaultSchema, in tx.
+func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
+	o, err := fromContext(ctx)
+	if err != nil {
+		return err
+	}
+	return o.Enqueue(ctx, tx, msg)
+}
+
+// EnqueueBatch is Outbox.EnqueueBatch in the schema named by the claim in
+// ctx, or in dedup.DefaultSchema.
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
+	o, err := fromContext(ctx)
+	if err != nil {
+		return err
+	}
+	return o.EnqueueBatch(ctx, tx, msgs)
+}
+
+func fromContext(ctx context.Context) (*Outbox, error) {
+	var schema string
+	if c, ok := claimFrom(ctx); ok {
+		schema = c.Schema
+	}
+	return New(&Config{Schema: schema})
+}

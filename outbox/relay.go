@@ -1,0 +1,397 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// instrumentationName names the relay's tracer and meter.
+const instrumentationName = "github.com/idemq/idemq/outbox"
+
+// Relay publishes the outbox's rows with publisher confirms. Several relays
+// may run side by side on one outbox: each claims its own rows (FOR UPDATE
+// SKIP LOCKED). See Run.
+type Relay struct {
+	pool   *pgxpool.Pool
+	dial   DialFunc
+	cfg    RelayConfig
+	sql    relayStatements
+	log    *slog.Logger
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	inst   instruments
+
+	running atomic.Bool
+	counts  struct {
+		published, returned, nacked, timedOut, parked, reconnects atomic.Int64
+	}
+}
+
+// NewRelay returns a relay that moves the outbox rows in pool to the broker
+// at amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
+// is never logged.
+func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: new relay: nil pool")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("outbox: new relay: %w", err)
+	}
+	dial := c.Dial
+	if dial == nil {
+		if amqpURL == "" {
+			return nil, errors.New("outbox: new relay: no broker URL and no Dial function")
+		}
+		if _, err := amqp.ParseURI(amqpURL); err != nil {
+			// The parse error may quote the URL; do not repeat it.
+			return nil, errors.New("outbox: new relay: malformed broker URL")
+		}
+		dial = dialURL(amqpURL, c.ConnectionName)
+	}
+	r := &Relay{
+		pool:   pool,
+		dial:   dial,
+		cfg:    c,
+		sql:    newRelayStatements(c.Schema),
+		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", c.Schema),
+		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
+		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
+	}
+	inst, err := newInstruments(c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: new relay: metrics: %w", err)
+	}
+	r.inst = inst
+	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(c.Schema))
+	return r, nil
+}
+
+func dialURL(url, name string) DialFunc {
+	return func(ctx context.Context) (*amqp.Connection, error) {
+		props := amqp.NewConnectionProperties()
+		props.SetClientConnectionName(name)
+		timeout := DefaultDialTimeout
+		if d, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(d))
+		}
+		return amqp.DialConfig(url, amqp.Config{
+			Properties: props,
+			Heartbeat:  10 * time.Second,
+			Dial:       amqp.DefaultDial(timeout),
+		})
+	}
+}
+
+// Config returns the relay's configuration with defaults filled in.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// Run relays until ctx ends, then finishes the batch in flight, closes its
+// connections and returns nil. Broker and database failures are retried
+// with backoff, never returned: rows whose batch did not commit stay
+// pending and are published again later, with the same message id. Run
+// returns an error only when called while already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: relay is already running")
+	}
+	defer r.running.Store(false)
+
+	unregister := r.registerGauges()
+	defer unregister()
+
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	if !r.cfg.NoNotify {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.listen(ctx, wake)
+		}()
+	}
+	defer wg.Wait()
+
+	bo := r.reconnectBackoff()
+	for ctx.Err() == nil {
+		s, err := r.connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redactErr(err))
+			r.reconnected(ctx)
+			if !sleepCtx(ctx, bo.NextBackOff()) {
+				break
+			}
+			continue
+		}
+		served, err := r.serve(ctx, s, wake)
+		s.close()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		if served {
+			bo.Reset()
+		}
+		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redactErr(err))
+		r.reconnected(ctx)
+		if !sleepCtx(ctx, bo.NextBackOff()) {
+			break
+		}
+	}
+	return nil
+}
+
+func (r *Relay) reconnected(ctx context.Context) {
+	r.counts.reconnects.Add(1)
+	r.inst.reconnects.Add(ctx, 1, r.inst.attrs)
+}
+
+func (r *Relay) reconnectBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = r.cfg.ReconnectInitial
+	bo.MaxInterval = r.cfg.ReconnectMax
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	return bo
+}
+
+// serve runs batches on one broker session until ctx ends (nil) or the
+// session breaks (its error). served reports that a batch got through.
+func (r *Relay) serve(ctx context.Context, s *session, wake <-chan struct{}) (served bool, err error) {
+	dbBackoff := r.reconnectBackoff()
+	poll := time.NewTimer(r.cfg.PollInterval)
+	defer poll.Stop()
+	for ctx.Err() == nil {
+		n, err := r.relayBatch(ctx, s)
+		var be *brokerError
+		switch {
+		case errors.As(err, &be):
+			return served, be.err
+		case err != nil:
+			r.log.Warn("outbox relay database error; retrying", "error", err)
+			if !sleepCtx(ctx, dbBackoff.NextBackOff()) {
+				return served, nil
+			}
+			continue
+		}
+		dbBackoff.Reset()
+		served = true
+		if n == r.cfg.BatchSize {
+			continue // more may be waiting
+		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+		poll.Reset(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-poll.C:
+		case <-s.dead:
+			return served, s.deathErr()
+		}
+	}
+	return served, nil
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// listen keeps a dedicated connection LISTENing on the outbox's channel and
+// signals wake for every notification (and after every reconnect, in case
+// one was missed), until ctx ends.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	bo := r.reconnectBackoff()
+	channel := ChannelName(r.cfg.Schema)
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+			if err != nil {
+				return fmt.Errorf("connect: %w", err)
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_ = conn.Close(cctx)
+			}()
+			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+				return fmt.Errorf("listen: %w", err)
+			}
+			bo.Reset()
+			signal()
+			for {
+				if _, err := conn.WaitForNotification(ctx); err != nil {
+					return fmt.Errorf("wait for notification: %w", err)
+				}
+				signal()
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox relay LISTEN connection failed; polling until it is back", "error", err)
+		if !sleepCtx(ctx, bo.NextBackOff()) {
+			return
+		}
+	}
+}
+
+// brokerError marks a failure of the broker session: the batch rolls back
+// and the relay reconnects.
+type brokerError struct{ err error }
+
+func (e *brokerError) Error() string { return "broker: " + e.err.Error() }
+func (e *brokerError) Unwrap() error { return e.err }
+
+// session is one broker connection with its publishing channel.
+type session struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	dead    chan struct{}
+	err     atomic.Pointer[amqp.Error]
+
+	// probe checks that exchanges exist (a failed passive declare closes
+	// its channel, so it is not the publishing one); exchanges caches the
+	// answers for a while.
+	probe     *amqp.Channel
+	exchanges map[string]time.Time
+}
+
+func (r *Relay) connect(ctx context.Context) (*session, error) {
+	conn, err := r.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("open confirm channel: %w", err)
+	}
+	s := &session{
+		conn: conn,
+		ch:   ch,
+		// Returns of a batch arrive before its confirms and are read while
+		// waiting for them; a batch cannot return more than its size.
+		returns:   ch.NotifyReturn(make(chan amqp.Return, 2*r.cfg.BatchSize)),
+		dead:      make(chan struct{}),
+		exchanges: map[string]time.Time{},
+	}
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		// Buffered, and the other is closed by the library after at most
+		// one send, so neither can block it.
+		var e *amqp.Error
+		select {
+		case e = <-connClosed:
+		case e = <-chClosed:
+		}
+		if e != nil {
+			s.err.Store(e)
+		}
+		close(s.dead)
+	}()
+	return s, nil
+}
+
+func (s *session) deathErr() error {
+	if e := s.err.Load(); e != nil {
+		return e
+	}
+	return amqp.ErrClosed
+}
+
+func (s *session) alive() bool {
+	select {
+	case <-s.dead:
+		return false
+	default:
+		return !s.ch.IsClosed()
+	}
+}
+
+func (s *session) close() {
+	if s.probe != nil {
+		_ = s.probe.Close()
+	}
+	_ = s.ch.Close()
+	_ = s.conn.Close()
+	<-s.dead
+}
+
+// exchangeExists reports whether the exchange exists. Publishing to a missing
+// exchange would close the publishing channel and fail the whole batch, so
+// each exchange is checked first (passive declare, cached a while).
+func (s *session) exchangeExists(name string) (bool, error) {
+	if name == "" {
+		return true, nil
+	}
+	if t, ok := s.exchanges[name]; ok && time.Since(t) < DefaultExchangeCacheTime {
+		return true, nil
+	}
+	if s.probe == nil || s.probe.IsClosed() {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return false, &brokerError{fmt.Errorf("open probe channel: %w", err)}
+		}
+		s.probe = ch
+	}
+	err := s.probe.ExchangeDeclarePassive(name, amqp.ExchangeDirect, false, false, false, false, nil)
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+		s.exchanges[name] = time.Now()
+		return true, nil
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+		s.probe = nil // closed by the broker
+		return false, nil
+	}
+	return false, &brokerError{fmt.Errorf("check exchange: %w", err)}
+}
+
+// redactErr keeps broker errors free of connection URLs: amqp091-go's dial
+// errors carry only addresses, but a caller's Dial function may wrap more.
+func redactErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return redactURLs(err.Error())
+}

@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Defaults used where a RelayConfig leaves a field zero.
+const (
+	DefaultBatchSize         = 100
+	DefaultPollInterval      = time.Second
+	DefaultConfirmTimeout    = 10 * time.Second
+	DefaultMaxReturns        = 5
+	DefaultRetryInitial      = time.Second
+	DefaultRetryMax          = 5 * time.Minute
+	DefaultReconnectInitial  = 100 * time.Millisecond
+	DefaultReconnectMax      = 30 * time.Second
+	DefaultConnectionName    = "idemq-outbox-relay"
+	DefaultDialTimeout       = 10 * time.Second
+	DefaultExchangeCacheTime = 30 * time.Second
+)
+
+// DialFunc opens a broker connection for the relay.
+type DialFunc func(ctx context.Context) (*amqp.Connection, error)
+
+// RelayConfig configures a Relay. A nil *RelayConfig means all defaults.
+type RelayConfig struct {
+	// Schema is the Postgres schema holding the outbox. Default dedup.DefaultSchema.
+	Schema string
+	// ConnectionName is the client-provided name of the relay's broker
+	// connection, shown by RabbitMQ. Default "idemq-outbox-relay".
+	ConnectionName string
+	// Dial, when set, replaces dialling the URL given to NewRelay.
+	Dial DialFunc
+	// BatchSize is the most rows claimed, published and confirmed together. Default 100.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows when no NOTIFY
+	// wakes it (a missed notification, rows whose backoff ended). Default 1s.
+	PollInterval time.Duration
+	// NoNotify turns LISTEN/NOTIFY off: the relay only polls.
+	NoNotify bool
+	// ConfirmTimeout bounds the wait for the confirms of one batch. The rows
+	// not confirmed in time are retried later and the broker connection is
+	// opened anew. Default 10s.
+	ConfirmTimeout time.Duration
+	// MaxReturns is how many times a message may come back unroutable (or
+	// find its exchange missing) before it is parked. Default 5.
+	MaxReturns int
+	// RetryInitial and RetryMax bound the exponential backoff of a row whose
+	// publish failed (returned, nacked, not confirmed). Defaults 1s and 5m.
+	RetryInitial, RetryMax time.Duration
+	// ReconnectInitial and ReconnectMax bound the backoff between broker
+	// (and LISTEN connection) reconnects. Defaults 100ms and 30s.
+	ReconnectInitial, ReconnectMax time.Duration
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+	// TracerProvider makes the publish spans. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the relay's metrics. Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagator writes the publish span's context into the message headers.
+	// Default otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *RelayConfig) WithDefaults() RelayConfig {
+	var out RelayConfig
+	if c != nil {
+		out = *c
+	}
+	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
+	out.ConnectionName = cmp.Or(out.ConnectionName, DefaultConnectionName)
+	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.PollInterval = cmp.Or(out.PollInterval, DefaultPollInterval)
+	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, DefaultConfirmTimeout)
+	out.MaxReturns = cmp.Or(out.MaxReturns, DefaultMaxReturns)
+	out.RetryInitial = cmp.Or(out.RetryInitial, DefaultRetryInitial)
+	out.RetryMax = cmp.Or(out.RetryMax, DefaultRetryMax)
+	out.ReconnectInitial = cmp.Or(out.ReconnectInitial, DefaultReconnectInitial)
+	out.ReconnectMax = cmp.Or(out.ReconnectMax, DefaultReconnectMax)
+	return out
+}
+
+func (c RelayConfig) validate() error {
+	if err := validateSchema(c.Schema); err != nil {
+		return err
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		return fmt.Errorf("batch size %d: want 1 to 10000", c.BatchSize)
+	}
+	if c.MaxReturns < 1 {
+		return fmt.Errorf("max returns %d must be positive", c.MaxReturns)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"poll interval", c.PollInterval}, {"confirm timeout", c.ConfirmTimeout},
+		{"retry initial", c.RetryInitial}, {"retry max", c.RetryMax},
+		{"reconnect initial", c.ReconnectInitial}, {"reconnect max", c.ReconnectMax},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s %s must be positive", d.name, d.v)
+		}
+	}
+	if c.RetryMax < c.RetryInitial {
+		return errors.New("retry max is shorter than retry initial")
+	}
+	if c.ReconnectMax < c.ReconnectInitial {
+		return errors.New("reconnect max is shorter than reconnect initial")
+	}
+	return nil
+}
+
+// ChannelName is the LISTEN/NOTIFY channel on which inserts into the outbox
+// of schema are announced: "<schema>_outbox", the schema cut to 56 bytes.
+func ChannelName(schema string) string {
+	return schema[:min(len(schema), 56)] + "_outbox"
+}
