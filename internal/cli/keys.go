@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// keyReport is what `keys inspect` prints (also its --json form).
+type keyReport struct {
+	Consumer       string     `json:"consumer"`
+	Tenant         string     `json:"tenant"`
+	KeyHash        string     `json:"key_hash"`
+	Hashed         bool       `json:"hashed"`
+	State          string     `json:"state"`
+	Attempts       int        `json:"attempts"`
+	LockedUntil    *time.Time `json:"locked_until"`
+	LeaseValid     bool       `json:"lease_valid"`
+	Outcome        string     `json:"outcome,omitempty"`
+	ResponseCode   *int       `json:"response_code,omitempty"`
+	ResponseSize   *int       `json:"response_size,omitempty"`
+	RecoveryPoint  string     `json:"recovery_point,omitempty"`
+	Steps          []string   `json:"steps"`
+	Fingerprint    string     `json:"fingerprint"`
+	TraceID        string     `json:"trace_id,omitempty"`
+	SpanID         string     `json:"span_id,omitempty"`
+	TraceURL       string     `json:"trace_url,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	UpdatedAt      time.Time  `json:"updated_at"`
+	CompletedAt    *time.Time `json:"completed_at"`
+	RecoveryDataSz int        `json:"recovery_data_size,omitempty"`
+}
+
+func (a *app) keysCommand() *cobra.Command {
+	var (
+		name, tenant string
+		hashed       bool
+		asJSON       bool
+	)
+	inspect := &cobra.Command{
+		Use:   "inspect --consumer C [--tenant T] KEY",
+		Short: "Show the state of one idempotency key",
+		Long: `Show the row of KEY in the scope (--consumer, --tenant): its state (in_progress
+or completed), attempts, lease (locked until, still valid?), outcome, stored
+response code and size, recovery point and committed steps, creation and
+completion times, and the trace id of its first processing. When the
+environment variable IDEMQ_JAEGER_URL is set (e.g. http://localhost:16686), the
+trace is also given as a link, $IDEMQ_JAEGER_URL/trace/<trace id>.
+
+Give --hashed when the store keeps hashed keys (forward --hash-keys): KEY is
+then hashed the same way before the lookup. The raw key is never printed; its
+short hash is. Exits 1 with "key not found" when the key has no row.`,
+		Example: `  idemq keys inspect --consumer charge order-42
+  idemq keys inspect --consumer charge --tenant acme --json order-42
+  IDEMQ_JAEGER_URL=http://localhost:16686 idemq keys inspect --consumer charge order-42`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("%s takes exactly one KEY, got %d arguments", cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
+		RunE: run(func(cmd *cobra.Command, args []string) error {
+			if err := nonEmpty(cmd.Flags(), "consumer"); err != nil {
+				return err
+			}
+			key := args[0]
+			if err := dedup.ValidateKey(key); err != nil {
+				return usagef("KEY: %v", err)
+			}
+			ctx := cmd.Context()
+			pool, err := a.openStorePool(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store, err := dedup.NewStore(pool, &dedup.Config{Schema: a.schema, HashKeys: hashed})
+			if err != nil {
+				return err
+			}
+			rec, err := store.Inspect(ctx, name, tenant, key)
+			if errors.Is(err, dedup.ErrNotFound) {
+				return errors.New("key not found")
+			}
+			if err != nil {
+				return err
+			}
+			r := report(rec, dedup.KeyHash(name, tenant, key), hashed, a.getenv("IDEMQ_JAEGER_URL"))
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			}
+			printKey(a, r)
+			return nil
+		}),
+	}
+	f := inspect.Flags()
+	f.StringVar(&name, "consumer", "", "the consumer (stage) name whose scope holds the key (required)")
+	f.StringVar(&tenant, "tenant", "", "the tenant of the key (default: the default tenant, empty)")
+	f.BoolVar(&hashed, "hashed", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	requireFlags(inspect, "consumer")
+	return group("keys", "Inspect idempotency keys", "", inspect)
+}
+
+func report(rec *dedup.Record, keyHash string, hashed bool, jaeger string) keyReport {
+	r := keyReport{
+		Consumer:       rec.Consumer,
+		Tenant:         rec.Tenant,
+		KeyHash:        keyHash,
+		Hashed:         hashed,
+		State:          string(rec.State),
+		Attempts:       rec.Attempts,
+		LockedUntil:    rec.LockedUntil,
+		LeaseValid:     rec.LeaseValid,
+		RecoveryPoint:  rec.RecoveryPoint,
+		Steps:          rec.Steps,
+		Fingerprint:    rec.Fingerprint.String(),
+		TraceID:        rec.TraceID,
+		SpanID:         rec.SpanID,
+		CreatedAt:      rec.CreatedAt,
+		UpdatedAt:      rec.UpdatedAt,
+		CompletedAt:    rec.CompletedAt,
+		RecoveryDataSz: len(rec.RecoveryData),
+	}
+	if r.Steps == nil {
+		r.Steps = []string{}
+	}
+	if rec.Result != nil {
+		r.Outcome = string(rec.Result.Outcome)
+		code, size := rec.Result.Code, len(rec.Result.Response)
+		r.ResponseCode, r.ResponseSize = &code, &size
+	}
+	if strings.Trim(r.TraceID, "0") == "" {
+		// No tracer was installed when the key was first processed.
+		r.TraceID, r.SpanID = "", ""
+	}
+	if jaeger != "" && r.TraceID != "" {
+		r.TraceURL = strings.TrimRight(jaeger, "/") + "/trace/" + r.TraceID
+	}
+	return r
+}
+
+func printKey(a *app, r keyReport) {
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	line := func(k, format string, args ...any) { fmt.Fprintf(w, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
+	ts := func(t *time.Time) string {
+		if t == nil {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	line("consumer", "%s", r.Consumer)
+	if r.Tenant == "" {
+		line("tenant", "(default)")
+	} else {
+		line("tenant", "%s", r.Tenant)
+	}
+	line("key hash", "%s", r.KeyHash)
+	line("state", "%s", r.State)
+	line("attempts", "%d", r.Attempts)
+	switch {
+	case r.LockedUntil == nil:
+		line("lease", "none")
+	case r.LeaseValid:
+		line("lease", "valid, locked until %s", ts(r.LockedUntil))
+	default:
+		line("lease", "expired, was locked until %s", ts(r.LockedUntil))
+	}
+	line("outcome", "%s", dash(r.Outcome))
+	if r.ResponseCode != nil {
+		line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
+	} else {
+		line("response", "-")
+	}
+	line("recovery point", "%s", dash(r.RecoveryPoint))
+	line("steps", "%s", dash(strings.Join(r.Steps, ", ")))
+	line("created", "%s", ts(&r.CreatedAt))
+	line("completed", "%s", ts(r.CompletedAt))
+	line("trace id", "%s", dash(r.TraceID))
+	if r.TraceURL != "" {
+		line("trace", "%s", r.TraceURL)
+	}
+	_ = w.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,138 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// topologyFlags are the flags that shape a work queue's topology. The
+// forward command takes them too: its consumer declares the same topology
+// on every connect, and RabbitMQ refuses a queue redeclared with other arguments.
+type topologyFlags struct {
+	queue           string
+	maxAttempts     int
+	retryInitial    time.Duration
+	retryMultiplier float64
+	retryMax        time.Duration
+	deliveryLimit   int
+	classic         bool
+}
+
+func (t *topologyFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&t.queue, "queue", "", "the work queue Q (required)")
+	f.IntVar(&t.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "handler runs before a message goes to the DLQ with reason max_attempts_exceeded")
+	f.DurationVar(&t.retryInitial, "retry-initial", consumer.DefaultRetryInitial, "delay before the first retry")
+	f.Float64Var(&t.retryMultiplier, "retry-multiplier", consumer.DefaultRetryMultiplier, "growth of the delay from one retry to the next")
+	f.DurationVar(&t.retryMax, "retry-max", consumer.DefaultRetryMax, "longest retry delay")
+	f.IntVar(&t.deliveryLimit, "delivery-limit", consumer.DefaultDeliveryLimit, "the work queue's x-delivery-limit: the broker dead-letters a message delivered more often")
+	f.BoolVar(&t.classic, "classic", false, "declare classic queues instead of quorum queues (broker dead-lettering is then at-most-once)")
+}
+
+func (t *topologyFlags) validate() error {
+	switch {
+	case t.queue == "":
+		return usagef("--queue must not be empty")
+	case t.maxAttempts < 1:
+		return usagef("--max-attempts %d must be at least 1", t.maxAttempts)
+	case t.retryInitial <= 0:
+		return usagef("--retry-initial %s must be positive", t.retryInitial)
+	case t.retryMultiplier < 1:
+		return usagef("--retry-multiplier %g must be at least 1", t.retryMultiplier)
+	case t.retryMax < t.retryInitial:
+		return usagef("--retry-max %s is shorter than --retry-initial %s", t.retryMax, t.retryInitial)
+	case t.deliveryLimit < 1:
+		return usagef("--delivery-limit %d must be at least 1", t.deliveryLimit)
+	}
+	return nil
+}
+
+// apply copies the flags into a consumer config.
+func (t *topologyFlags) apply(c *consumer.Config) {
+	c.Queue = t.queue
+	c.MaxAttempts = t.maxAttempts
+	c.RetryInitial = t.retryInitial
+	c.RetryMultiplier = t.retryMultiplier
+	c.RetryMax = t.retryMax
+	c.DeliveryLimit = t.deliveryLimit
+	c.ClassicQueues = t.classic
+}
+
+func (a *app) topologyCommand() *cobra.Command {
+	var t topologyFlags
+	apply := &cobra.Command{
+		Use:   "apply --queue Q",
+		Short: "Declare a work queue, its retry tiers and its dead-letter queue",
+		Long: `Declare the RabbitMQ topology of work queue Q:
+
+  Q                 quorum queue with x-delivery-limit, dead-lettering to Q.dlx
+  Q.retry.<delay>   one delay tier per retry delay (x-message-ttl, dead-letters back to Q)
+  Q.dlx → Q.dlq     the dead-letter exchange (fanout) and queue
+
+The retry delays follow an exponential backoff: --retry-initial, multiplied by
+--retry-multiplier each time, capped by --retry-max, one per retry
+(--max-attempts - 1 of them). Declaring is idempotent: applying the same flags
+again changes nothing. RabbitMQ refuses to redeclare a queue with other
+arguments; delete it first to change them. Consumers (idemq forward) declare
+the same topology on connect, so give them the same flags.`,
+		Example: `  idemq topology apply --queue payments
+  idemq topology apply --queue payments --max-attempts 4 --retry-initial 500ms --retry-multiplier 4 --retry-max 1m`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := t.validate(); err != nil {
+				return err
+			}
+			var cfg consumer.Config
+			t.apply(&cfg)
+			topo := consumer.NewTopology(&cfg)
+			conn, err := a.dialAMQP("idemq-topology-apply")
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return fmt.Errorf("open channel: %w", err)
+			}
+			defer ch.Close()
+			if err := topo.Declare(ch); err != nil {
+				var ae *amqp.Error
+				if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+					return fmt.Errorf("%w (a queue exists with other arguments: delete it, or apply the flags it was declared with)", err)
+				}
+				return err
+			}
+			printTopology(a, topo)
+			return nil
+		}),
+	}
+	t.register(apply.Flags())
+	requireFlags(apply, "queue")
+	return group("topology", "Manage the RabbitMQ topology of work queues", "", apply)
+}
+
+func printTopology(a *app, topo consumer.Topology) {
+	kind := "quorum"
+	if topo.Classic {
+		kind = "classic"
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "queue\t%s\twork queue (%s", topo.Queue, kind)
+	if !topo.Classic {
+		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLim)
+	}
+	fmt.Fprintf(w, ", dead-letters to %s)\n", topo.DLX)
+	for _, d := range topo.Delays {
+		fmt.Fprintf(w, "queue\t%s\tretry tier (%s, TTL %s, back to %s)\n", topo.TierName(d), kind, d, topo.Queue)
+	}
+	fmt.Fprintf(w, "exchange\t%s\tdead-letter exchange (fanout)\n", topo.DLX)
+	fmt.Fprintf(w, "queue\t%s\tdead-letter queue (%s)\n", topo.DLQ, kind)
+	_ = w.Flush()
+}
