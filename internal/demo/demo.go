@@ -169,9 +169,13 @@ func (r *runner) startWorker() error {
 	return nil
 }
 
-// checkWorkers fails when a worker exited without being asked to.
-func (r *runner) checkWorkers() error {
+// checkWorkers fails when a worker exited without being asked to. After an
+// interrupt (Ctrl-C reaches the workers too) it reports the interrupt.
+func (r *runner) checkWorkers(ctx context.Context) error {
 	for _, wp := range r.workers {
+		if wp.done() && ctx.Err() != nil {
+			return fmt.Errorf("demo: interrupted: %w", ctx.Err())
+		}
 		if wp.done() && !wp.expected {
 			return fmt.Errorf("demo: worker %d (pid %d) exited unexpectedly (%v); its log %s ends with:\n%s",
 				wp.index, wp.pid(), wp.err, wp.logPath, wp.logTail(15))
@@ -184,7 +188,7 @@ func (r *runner) checkWorkers() error {
 func (r *runner) waitConsumers(ctx context.Context, n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := r.checkWorkers(); err != nil {
+		if err := r.checkWorkers(ctx); err != nil {
 			return err
 		}
 		st, err := r.insp.state()
@@ -288,7 +292,7 @@ func (r *runner) settle(ctx context.Context, pubDone <-chan error) error {
 			pubDone = nil
 		case <-tick.C:
 		}
-		if err := r.checkWorkers(); err != nil {
+		if err := r.checkWorkers(ctx); err != nil {
 			return err
 		}
 		c := r.counters(ctx)

@@ -5,14 +5,21 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
+
+	"golang.org/x/term"
 )
 
 // progress shows one status line: rewritten in place on a terminal, printed
-// every few seconds elsewhere (a log or a pipe is not flooded).
+// every few seconds elsewhere (a log or a pipe is not flooded). It is safe
+// for concurrent use.
 type progress struct {
+	mu    sync.Mutex
 	w     io.Writer
 	tty   bool
+	fd    int
 	every time.Duration
 	last  time.Time
 	shown bool // a line is on screen and not yet ended (terminal only)
@@ -20,22 +27,27 @@ type progress struct {
 
 func newProgress(w io.Writer) *progress {
 	p := &progress{w: w, every: 5 * time.Second}
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			p.tty, p.every = true, 250*time.Millisecond
-		}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.tty, p.fd, p.every = true, int(f.Fd()), 250*time.Millisecond
 	}
 	return p
 }
 
 // update shows line if its time has come (always when force).
 func (p *progress) update(line string, force bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := time.Now()
 	if !force && now.Sub(p.last) < p.every {
 		return
 	}
 	p.last = now
 	if p.tty {
+		// A line longer than the terminal would wrap, and \r would then
+		// rewrite only its last row.
+		if width, _, err := term.GetSize(p.fd); err == nil && width > 1 {
+			line = cut(line, width-1)
+		}
 		fmt.Fprintf(p.w, "\r\033[K%s", line)
 		p.shown = true
 		return
@@ -45,12 +57,20 @@ func (p *progress) update(line string, force bool) {
 
 // note prints a line of its own, above the status line on a terminal.
 func (p *progress) note(format string, args ...any) {
-	p.end()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endLocked()
 	fmt.Fprintf(p.w, format+"\n", args...)
 }
 
 // end finishes the status line on a terminal.
 func (p *progress) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endLocked()
+}
+
+func (p *progress) endLocked() {
 	if p.tty && p.shown {
 		fmt.Fprintln(p.w)
 		p.shown = false
@@ -65,4 +85,12 @@ func bar(done, total int) string {
 		n = min(cells, done*cells/total)
 	}
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", cells-n) + "]"
+}
+
+// cut shortens s to at most n runes.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n])
 }

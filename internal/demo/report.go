@@ -269,7 +269,7 @@ func (rep *Report) check() {
 func (rep Report) print(w io.Writer) {
 	k := rep.PublishedByKind
 	line := func(label string, format string, args ...any) {
-		fmt.Fprintf(w, "  %-22s %s\n", label, fmt.Sprintf(format, args...))
+		fmt.Fprintf(w, "  %-26s %s\n", label, fmt.Sprintf(format, args...))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Report (from the database and the queues)")
@@ -282,7 +282,7 @@ func (rep Report) print(w io.Writer) {
 	line("  dead-lettered", "%d (card network down on every attempt)", rep.DeadLetteredKeys)
 	line("  lost", "%d", rep.LostKeys)
 	line("effects applied", "%d card charges in the ledger (%d keys charged twice)", rep.Effects, rep.DoubledKeys)
-	line("duplicates suppressed", "%d (of %d duplicate copies published; more after a kill: redelivered unacked messages)",
+	line("duplicates suppressed", "%d (%d duplicate copies published; a kill adds redeliveries of messages processed but not acked)",
 		rep.DuplicatesSuppressed, rep.DuplicatesPublished)
 	line("retries", "%d infrastructure failures retried through the tiers", rep.Retries)
 	line("deferred", "%d copies found their key leased by another worker (bursts, the killed worker's keys)", rep.Deferred)
