@@ -4,6 +4,7 @@ package dedup
 type statements struct {
 	reserve, complete, release, extend, inspect, checkpoint string
 	gcCompleted, gcAbandoned                                string
+	reserveBatch, inspectBatch, extendBatch, completeBatch  string
 }
 
 func newStatements(schema string) statements {
@@ -50,6 +51,51 @@ WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state 
     trace_id, span_id, created_at, updated_at, completed_at
 FROM ` + t + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3`,
+
+		// The batch form of reserve: the same upsert over arrays.
+		reserveBatch: `INSERT INTO ` + t + ` AS k
+    (consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)
+SELECT c.consumer, c.tenant, c.key, 'in_progress', c.fingerprint, c.token,
+       now() + c.lease * interval '1 microsecond', 1, c.trace_id, c.span_id
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], $6::bigint[], $7::text[], $8::text[])
+     AS c(consumer, tenant, key, fingerprint, token, lease, trace_id, span_id)
+-- One order for every batch, so that two batches never wait on each other's rows in a cycle.
+ORDER BY c.consumer, c.tenant, c.key
+ON CONFLICT (consumer, tenant, key) DO UPDATE
+    SET lease_token  = excluded.lease_token,
+        locked_until = excluded.locked_until,
+        attempts     = k.attempts + 1,
+        trace_id     = coalesce(excluded.trace_id, k.trace_id),
+        span_id      = coalesce(excluded.span_id, k.span_id),
+        updated_at   = now()
+    WHERE k.state = 'in_progress'
+      AND k.locked_until <= now()
+      AND k.fingerprint = excluded.fingerprint
+RETURNING consumer, tenant, key, lease_token, attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
+
+		inspectBatch: `SELECT k.consumer, k.tenant, k.key, k.state, k.fingerprint,
+    (k.state = 'in_progress' AND k.locked_until > now()), k.locked_until,
+    k.attempts, k.recovery_point, k.recovery_data, k.steps, k.outcome, k.response_code, k.response,
+    k.trace_id, k.span_id, k.created_at, k.updated_at, k.completed_at
+FROM ` + t + ` k
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
+  ON k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key`,
+
+		completeBatch: `UPDATE ` + t + ` AS k
+SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response,
+    lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[])
+     AS c(consumer, tenant, key, token, outcome, code, response)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
+  AND k.lease_token = c.token AND k.state = 'in_progress'
+RETURNING c.token`,
+
+		extendBatch: `UPDATE ` + t + ` AS k
+SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
+  AND k.lease_token = c.token AND k.state = 'in_progress'
+RETURNING k.lease_token, k.locked_until`,
 
 		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
 		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (

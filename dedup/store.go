@@ -309,6 +309,15 @@ type querier interface {
 }
 
 func (s *Store) inspect(ctx context.Context, q querier, consumer, tenant, storedKey string) (*Record, error) {
+	rec, err := scanRecord(q.QueryRow(ctx, s.sql.inspect, consumer, tenant, storedKey))
+	if err != nil {
+		return nil, interpretError("read key", err)
+	}
+	return rec, nil
+}
+
+// scanRecord reads a row of the inspect column list.
+func scanRecord(row pgx.Row) (*Record, error) {
 	rec := &Record{}
 	var (
 		fp              []byte
@@ -318,13 +327,13 @@ func (s *Store) inspect(ctx context.Context, q querier, consumer, tenant, stored
 		recoveryPoint   *string
 		traceID, spanID *string
 	)
-	err := q.QueryRow(ctx, s.sql.inspect, consumer, tenant, storedKey).Scan(
+	err := row.Scan(
 		&rec.Consumer, &rec.Tenant, &rec.Key, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
 		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
 		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt,
 	)
 	if err != nil {
-		return nil, interpretError("read key", err)
+		return nil, err
 	}
 	copy(rec.Fingerprint[:], fp)
 	rec.RecoveryPoint = deref(recoveryPoint)

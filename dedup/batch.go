@@ -1,0 +1,259 @@
+package dedup
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// scopedKey identifies a row within a batch.
+type scopedKey struct{ consumer, tenant, key string }
+
+// ReserveBatch reserves many keys with ONE atomic statement (arrays and
+// unnest), with the same semantics and fencing as Reserve: each row is
+// created, or its expired lease taken over, or it is classified as Duplicate,
+// Busy or KeyReuse. The answers are in the order of claims. The claims must
+// name distinct (consumer, tenant, key) scopes: a statement cannot claim one
+// row twice, so callers hold back the repeats of a batch.
+//
+// The statements run unprepared (described and executed each time), so that
+// Postgres plans them for the actual arrays instead of caching a generic
+// plan made while the table was small.
+func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation, error) {
+	out := make([]Reservation, len(claims))
+	if len(claims) == 0 {
+		return out, nil
+	}
+	n := len(claims)
+	// Claim rows in one global order (the statement sorts too): two batches
+	// that share keys then never wait on each other in a cycle.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(claims[a].Consumer, claims[b].Consumer), cmp.Compare(claims[a].Tenant, claims[b].Tenant), cmp.Compare(claims[a].Key, claims[b].Key))
+	})
+	sorted := make([]Claim, n)
+	for i, j := range order {
+		sorted[i] = claims[j]
+	}
+	res, err := s.reserveSorted(ctx, sorted)
+	if err != nil {
+		return nil, err
+	}
+	for i, j := range order {
+		out[j] = res[i]
+	}
+	return out, nil
+}
+
+func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservation, error) {
+	out := make([]Reservation, len(claims))
+	n := len(claims)
+	var (
+		consumers, tenants, keys, traceIDs, spanIDs = make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]*string, n)
+		fps                                         = make([][]byte, n)
+		tokens                                      = make([][16]byte, n)
+		leases                                      = make([]int64, n)
+		index                                       = make(map[scopedKey]int, n)
+	)
+	tokenBytes := make([]byte, 16*n)
+	if _, err := rand.Read(tokenBytes); err != nil {
+		return nil, fmt.Errorf("reserve keys: token: %w", err)
+	}
+	for i, c := range claims {
+		if err := ValidateKey(c.Key); err != nil {
+			return nil, fmt.Errorf("reserve keys: claim %d: %w", i, err)
+		}
+		if c.Consumer == "" {
+			return nil, fmt.Errorf("reserve keys: claim %d: empty consumer name", i)
+		}
+		sk := scopedKey{c.Consumer, c.Tenant, s.storedKey(c.Key)}
+		if _, dup := index[sk]; dup {
+			return nil, fmt.Errorf("reserve keys: claim %d repeats an earlier claim's key", i)
+		}
+		index[sk] = i
+		consumers[i], tenants[i], keys[i] = sk.consumer, sk.tenant, sk.key
+		fps[i] = c.Fingerprint[:]
+		copy(tokens[i][:], tokenBytes[16*i:])
+		traceIDs[i], spanIDs[i] = nullable(c.TraceID), nullable(c.SpanID)
+		lease := c.Lease
+		if lease <= 0 {
+			lease = s.cfg.Lease
+		}
+		leases[i] = lease.Microseconds()
+	}
+	rows, err := s.pool.Query(ctx, s.sql.reserveBatch, pgx.QueryExecModeDescribeExec,
+		consumers, tenants, keys, fps, tokens, leases, traceIDs, spanIDs)
+	if err != nil {
+		return nil, interpretError("reserve keys", err)
+	}
+	decided := 0
+	for rows.Next() {
+		var (
+			sk       scopedKey
+			l        = &Lease{}
+			inserted bool
+		)
+		if err := rows.Scan(&sk.consumer, &sk.tenant, &sk.key, &l.Token, &l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
+			rows.Close()
+			return nil, interpretError("reserve keys", err)
+		}
+		i, ok := index[sk]
+		if !ok {
+			rows.Close()
+			return nil, errors.New("reserve keys: the statement returned a key that was not claimed")
+		}
+		l.Consumer, l.Tenant, l.Key, l.TakenOver, l.rawKey = sk.consumer, sk.tenant, sk.key, !inserted, claims[i].Key
+		out[i] = Reservation{Decision: Acquired, Lease: l}
+		decided++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("reserve keys", err)
+	}
+	if decided == n {
+		return out, nil
+	}
+	// Classify the rest with one read; a row that vanished or whose lease
+	// expired in between goes through the single-key path.
+	var pending []int
+	for i := range out {
+		if out[i].Decision == 0 {
+			pending = append(pending, i)
+		}
+	}
+	pc, pt, pk := make([]string, len(pending)), make([]string, len(pending)), make([]string, len(pending))
+	for j, i := range pending {
+		pc[j], pt[j], pk[j] = consumers[i], tenants[i], keys[i]
+	}
+	recs, err := s.inspectBatch(ctx, pc, pt, pk)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range pending {
+		rec, ok := recs[scopedKey{consumers[i], tenants[i], keys[i]}]
+		switch {
+		case !ok, rec.Fingerprint == claims[i].Fingerprint && rec.State == StateInProgress && !rec.LeaseValid:
+			r, err := s.Reserve(ctx, claims[i])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+		case rec.Fingerprint != claims[i].Fingerprint:
+			out[i] = Reservation{Decision: KeyReuse, Record: rec}
+		case rec.State == StateCompleted:
+			out[i] = Reservation{Decision: Duplicate, Record: rec}
+		default:
+			out[i] = Reservation{Decision: Busy, Record: rec}
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) inspectBatch(ctx context.Context, consumers, tenants, keys []string) (map[scopedKey]*Record, error) {
+	rows, err := s.pool.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys)
+	if err != nil {
+		return nil, interpretError("read keys", err)
+	}
+	defer rows.Close()
+	out := make(map[scopedKey]*Record, len(keys))
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, interpretError("read keys", err)
+		}
+		out[scopedKey{rec.Consumer, rec.Tenant, rec.Key}] = rec
+	}
+	return out, interpretError("read keys", rows.Err())
+}
+
+// ExtendBatch extends many leases with one statement and returns the ones
+// that were lost (their tokens no longer match).
+func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duration) (lost []*Lease, err error) {
+	if d <= 0 {
+		d = s.cfg.Lease
+	}
+	n := len(leases)
+	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
+	byToken := make(map[[16]byte]*Lease, n)
+	for i, l := range leases {
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		byToken[l.Token] = l
+	}
+	rows, err := s.pool.Query(ctx, s.sql.extendBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys, tokens, d.Microseconds())
+	if err != nil {
+		return nil, interpretError("extend leases", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var token [16]byte
+		var until time.Time
+		if err := rows.Scan(&token, &until); err != nil {
+			return nil, interpretError("extend leases", err)
+		}
+		if l, ok := byToken[token]; ok {
+			l.LockedUntil = until
+			delete(byToken, token)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("extend leases", err)
+	}
+	for _, l := range leases {
+		if _, ok := byToken[l.Token]; ok {
+			lost = append(lost, l)
+		}
+	}
+	return lost, nil
+}
+
+// CompleteBatch completes many keys inside the caller's transaction with
+// one statement, each fenced by its own lease token. It returns the leases
+// that were lost; if any were, the caller must roll back (or roll back to a
+// savepoint and complete the others again), exactly as with Complete.
+func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, results []Result) (lost []*Lease, err error) {
+	if len(leases) != len(results) {
+		return nil, fmt.Errorf("complete keys: %d leases, %d results", len(leases), len(results))
+	}
+	n := len(leases)
+	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	tokens, codes, responses := make([][16]byte, n), make([]int32, n), make([][]byte, n)
+	pending := make(map[[16]byte]*Lease, n)
+	for i, l := range leases {
+		r := results[i]
+		if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
+			return nil, fmt.Errorf("complete keys: unknown outcome %q", r.Outcome)
+		}
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		outcomes[i], codes[i], responses[i] = string(r.Outcome), int32(r.Code), r.Response
+		pending[l.Token] = l
+	}
+	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys, tokens, outcomes, codes, responses)
+	if err != nil {
+		return nil, interpretError("complete keys", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var token [16]byte
+		if err := rows.Scan(&token); err != nil {
+			return nil, interpretError("complete keys", err)
+		}
+		delete(pending, token)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("complete keys", err)
+	}
+	for _, l := range leases {
+		if _, ok := pending[l.Token]; ok {
+			lost = append(lost, l)
+		}
+	}
+	return lost, nil
+}
