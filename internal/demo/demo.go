@@ -64,7 +64,7 @@ type runner struct {
 // settleStable is how long the counters must stay still, with the queues
 // empty and no lease held, before the workers are stopped to check that
 // nothing is left (for when a killed worker took some events with it).
-const settleStable = 2 * time.Second
+const settleStable = time.Second
 
 func (r *runner) run(ctx context.Context) (Report, error) {
 	o := r.o

@@ -39,11 +39,27 @@
 // returns. So one binary serves both roles; a test does the same through
 // TestMain (see IsWorker).
 //
+// # When the run is over
+//
+// Workers record every consumer.Event in an events table (batched, outside
+// the handler's transaction), which drives the progress line and the kill.
+// Events are best effort (a killed worker loses its last batch), so they
+// never decide the end: the run is settled when the publisher is done, the
+// work queue and the retry tiers are empty and no key is held under a lease,
+// checked again after the workers stopped (a running worker may hold
+// prefetched messages that no queue counter shows; a stopped one returns
+// them). If something is left, the workers start again. Options.Timeout
+// bounds it all.
+//
 // # The report
 //
-// The invariant checked at the end: every key whose first publication is a
-// valid payment ends processed (exactly one ledger row), rejected (none) or
-// dead-lettered after its attempts (none, and a copy in the DLQ); no key has
-// two ledger rows; no key is left in progress; the work queue and the retry
-// tiers are empty. Run returns an error when it does not hold.
+// The report is computed from the database (key rows, ledger, the log of
+// confirmed publications) and from the queues (the DLQ is read, by reason,
+// and left in place). Unique keys are the keys whose first publication is a
+// valid payment. The invariant: each of them ends processed (exactly one
+// ledger row), rejected (none) or dead-lettered after its attempts (none,
+// and a copy in the DLQ); no key has two ledger rows and no ledger row lacks
+// a processed key; no key is left in progress; the work queue and the retry
+// tiers are empty; every poison, reuse and bad-key message reached the DLQ.
+// Run returns an error when it does not hold.
 package demo

@@ -19,7 +19,8 @@ import (
 // Report is the outcome of a run, computed at the end from the database (key
 // rows, ledger, publication log, worker events) and the queues.
 type Report struct {
-	Seed int64
+	Seed  int64
+	Queue string
 	// Published counts the messages the broker confirmed; PublishedByKind
 	// splits them by what the scenario meant them to be.
 	Published       int
@@ -85,7 +86,7 @@ func (r Report) OK() bool { return len(r.Failures) == 0 }
 // report computes the Report from the database and the queues.
 func (r *runner) report(ctx context.Context) (Report, error) {
 	rep := Report{
-		Seed: r.o.Seed, WorkerKills: r.kills, WorkerRestarts: r.restarts,
+		Seed: r.o.Seed, Queue: r.o.Queue, WorkerKills: r.kills, WorkerRestarts: r.restarts,
 		PublishedByKind: map[string]int{}, ExpectedDeadLetters: map[string]int{},
 	}
 	s := pgx.Identifier{r.o.Schema}.Sanitize()
@@ -293,7 +294,7 @@ func (rep Report) print(w io.Writer) {
 	for _, n := range rep.DeadLetters {
 		total += n
 	}
-	line("dead letters", "%d", total)
+	line("dead letters", "%d, kept in %s.dlq (idemq dlq list --queue %s)", total, rep.Queue, rep.Queue)
 	reasons := slices.Sorted(maps.Keys(rep.DeadLetters))
 	for _, reason := range slices.Sorted(maps.Keys(rep.ExpectedDeadLetters)) {
 		if _, ok := rep.DeadLetters[reason]; !ok {
