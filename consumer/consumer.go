@@ -66,7 +66,7 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	m, err := newMetrics(c.MeterProvider)
+	m, err := newMetrics(c.MeterProvider, c.Queue, c.Name)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
@@ -116,7 +116,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		wait := bo.NextBackOff()
 		c.log.Warn("broker connection lost; reconnecting", "err", redact.Error(err), "in", wait)
-		c.metrics.reconnects.Add(ctx, 1)
+		c.metrics.reconnects.Add(ctx, 1, c.metrics.with())
 		select {
 		case <-ctx.Done():
 			return nil

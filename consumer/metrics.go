@@ -2,10 +2,16 @@ package consumer
 
 import (
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// metrics are the consumer's OpenTelemetry instruments.
+// durationBuckets are the histogram bounds, in seconds, advised for the
+// latency instruments (the SDK's default bounds suit milliseconds).
+var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
+// metrics are the consumer's OpenTelemetry instruments. Every measurement
+// carries the queue and the consumer name (idemq.queue, idemq.consumer).
 type metrics struct {
 	deliveries  metric.Int64Counter
 	retries     metric.Int64Counter
@@ -14,21 +20,25 @@ type metrics struct {
 	inProgress  metric.Int64UpDownCounter
 	handlerTime metric.Float64Histogram
 	reserveTime metric.Float64Histogram
+
+	base  attribute.Set
+	attrs []attribute.KeyValue
 }
 
-func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+func newMetrics(mp metric.MeterProvider, queue, name string) (*metrics, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
 	m := mp.Meter(instrumentation)
-	var out metrics
+	base := []attribute.KeyValue{attribute.String("idemq.queue", queue), attribute.String("idemq.consumer", name)}
+	out := metrics{base: attribute.NewSet(base...), attrs: base}
 	var err error
 	if out.deliveries, err = m.Int64Counter("idemq.consumer.deliveries",
 		metric.WithDescription("Deliveries by outcome."), metric.WithUnit("{delivery}")); err != nil {
 		return nil, err
 	}
 	if out.retries, err = m.Int64Counter("idemq.consumer.retries",
-		metric.WithDescription("Copies published to a retry tier."), metric.WithUnit("{message}")); err != nil {
+		metric.WithDescription("Failed deliveries sent to a retry tier for another attempt."), metric.WithUnit("{message}")); err != nil {
 		return nil, err
 	}
 	if out.deadLetters, err = m.Int64Counter("idemq.consumer.dead_letters",
@@ -44,12 +54,22 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, err
 	}
 	if out.handlerTime, err = m.Float64Histogram("idemq.consumer.handler.duration",
-		metric.WithDescription("Handler run time, commit included."), metric.WithUnit("s")); err != nil {
+		metric.WithDescription("Handler run time, commit included."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	if out.reserveTime, err = m.Float64Histogram("idemq.consumer.reserve.duration",
-		metric.WithDescription("Key reservation time."), metric.WithUnit("s")); err != nil {
+		metric.WithDescription("Key reservation time."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// with returns the base attributes plus kv as a measurement option.
+func (m *metrics) with(kv ...attribute.KeyValue) metric.MeasurementOption {
+	if len(kv) == 0 {
+		return metric.WithAttributeSet(m.base)
+	}
+	return metric.WithAttributes(append(m.attrs[:len(m.attrs):len(m.attrs)], kv...)...)
 }

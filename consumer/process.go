@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
@@ -21,10 +20,22 @@ import (
 // after its handler, even when the handler's context is gone.
 const settleTimeout = 30 * time.Second
 
-// process takes one delivery to exactly one outcome, and acks it only after
-// whatever replaces it is durable.
-func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
-	start := time.Now()
+// item is one delivery on its way to an outcome.
+type item struct {
+	d       *amqp.Delivery
+	ctx     context.Context // carries the process span
+	span    trace.Span
+	start   time.Time
+	attempt int
+	ev      Event
+	claim   dedup.Claim
+	lease   *dedup.Lease
+	del     *Delivery
+	settled bool
+}
+
+// begin starts the delivery's process span.
+func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 	attempt := ParseAttempt(d.Headers)
 	parent := c.prop.Extract(ctx, headerCarrier(d.Headers))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
@@ -38,91 +49,131 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 			attribute.Int("messaging.message.body.size", len(d.Body)),
 			attribute.Int("idemq.attempt", attempt),
 		))
-	defer span.End()
+	return &item{d: d, ctx: ctx, span: span, start: time.Now(), attempt: attempt}
+}
 
-	ev := c.route(ctx, s, d, attempt, span)
-	ev.Attempt = attempt
-	if sc := span.SpanContext(); sc.IsValid() {
+// finish ends the span and reports the event.
+func (c *Consumer) finish(it *item) {
+	ev := it.ev
+	ev.Attempt = it.attempt
+	if sc := it.span.SpanContext(); sc.IsValid() {
 		ev.TraceID = sc.TraceID().String()
 	}
-	ev.Duration = time.Since(start)
-	span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
+	ev.Duration = time.Since(it.start)
+	it.span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
 	if ev.Reason != "" {
-		span.SetAttributes(attribute.String("idemq.reason", ev.Reason))
+		it.span.SetAttributes(attribute.String("idemq.reason", ev.Reason))
 	}
 	if ev.Err != nil && ev.Outcome != OutcomeRejected {
-		span.SetStatus(codes.Error, redact.Error(ev.Err))
+		it.span.SetStatus(codes.Error, redact.Error(ev.Err))
 	}
-	c.metrics.deliveries.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", string(ev.Outcome))))
+	it.span.End()
+	c.metrics.deliveries.Add(it.ctx, 1, c.metrics.with(attribute.String("outcome", string(ev.Outcome))))
 	if c.cfg.OnOutcome != nil {
 		c.cfg.OnOutcome(ev)
 	}
 }
 
-// route decides the delivery's outcome and settles it (publish what
-// replaces it, then ack). It returns the event to report.
-func (c *Consumer) route(ctx context.Context, s *session, d *amqp.Delivery, attempt int, span trace.Span) Event {
+// process takes one delivery to exactly one outcome, and acks it only after
+// whatever replaces it is durable.
+func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
+	it := c.begin(ctx, d)
+	defer c.finish(it)
+	if !c.prepare(s, it) {
+		return
+	}
+	rctx, rspan := c.tracer.Start(it.ctx, "idemq reserve")
+	t0 := time.Now()
+	res, err := c.store.Reserve(rctx, it.claim)
+	c.metrics.reserveTime.Record(it.ctx, time.Since(t0).Seconds(), c.metrics.with())
+	if err != nil {
+		rspan.SetStatus(codes.Error, redact.Error(err))
+		rspan.End()
+		// The key store is unreachable: an infrastructure failure.
+		it.ev = c.retryOrDeadLetter(it.ctx, s, d, it.ev, it.attempt, fmt.Errorf("reserve: %w", err))
+		return
+	}
+	rspan.SetAttributes(attribute.String("idemq.decision", res.Decision.String()))
+	rspan.End()
+	if !c.decide(s, it, res) {
+		return
+	}
+	it.ev = c.handle(it.ctx, s, d, it.ev, it.attempt, it.del, it.lease)
+}
+
+// prepare reads the key, tenant and fingerprint. A delivery that cannot be
+// claimed is settled here (to the DLQ) and prepare returns false.
+func (c *Consumer) prepare(s *session, it *item) bool {
+	ctx, d := it.ctx, it.d
 	key := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
 	if err := dedup.ValidateKey(key); err != nil {
 		reason := ReasonKeyInvalid
 		if errors.Is(err, dedup.ErrKeyRequired) {
 			reason = ReasonKeyRequired
 		}
-		return c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, reason, err, attempt)
+		it.ev = c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, reason, err, it.attempt)
+		return false
 	}
 	tenant, err := ExtractTenant(d, c.cfg.TenantHeader, c.cfg.TenantFromUserID)
 	if err != nil {
-		return c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, ReasonKeyInvalid, err, attempt)
+		it.ev = c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, ReasonKeyInvalid, err, it.attempt)
+		return false
 	}
-	ev := Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant}
-	span.SetAttributes(attribute.String("idemq.key_hash", ev.KeyHash), attribute.String("idemq.tenant", tenant))
+	it.ev = Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant}
+	it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
 	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
-		span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
+		it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
 	}
 	if c.cfg.LogKeys {
-		span.SetAttributes(attribute.String("idemq.key", key))
+		it.span.SetAttributes(attribute.String("idemq.key", key))
 	}
 	fp, err := c.cfg.Fingerprint(d.Body)
 	if err != nil {
-		return c.deadLetter(ctx, s, d, ev, ReasonPermanentError, fmt.Errorf("fingerprint: %w", err), attempt)
+		it.ev = c.deadLetter(ctx, s, d, it.ev, ReasonPermanentError, fmt.Errorf("fingerprint: %w", err), it.attempt)
+		return false
 	}
-
 	var traceID, spanID string
-	if sc := span.SpanContext(); sc.IsValid() {
+	if sc := it.span.SpanContext(); sc.IsValid() {
 		traceID, spanID = sc.TraceID().String(), sc.SpanID().String()
 	}
-	rctx, rspan := c.tracer.Start(ctx, "idemq reserve")
-	t0 := time.Now()
-	res, err := c.store.Reserve(rctx, dedup.Claim{
+	it.claim = dedup.Claim{
 		Consumer: c.cfg.Name, Tenant: tenant, Key: key, Fingerprint: fp,
 		TraceID: traceID, SpanID: spanID, Lease: c.cfg.Lease,
-	})
-	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds())
-	if err != nil {
-		rspan.SetStatus(codes.Error, redact.Error(err))
-		rspan.End()
-		// The key store is unreachable: an infrastructure failure.
-		return c.retryOrDeadLetter(ctx, s, d, ev, attempt, fmt.Errorf("reserve: %w", err))
 	}
-	rspan.SetAttributes(attribute.String("idemq.decision", res.Decision.String()))
-	rspan.End()
+	return true
+}
 
+// decide settles a reservation that did not acquire the key (duplicate,
+// busy, key reuse) and returns false; for an acquired key it prepares the
+// handler's view of the delivery and returns true.
+func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
+	ctx, d := it.ctx, it.d
 	switch res.Decision {
 	case dedup.Duplicate:
-		ev.Outcome = OutcomeDuplicate
-		ev.OriginalTraceID = res.Record.TraceID
-		c.markDuplicate(ctx, span, res.Record)
+		it.ev.Outcome = OutcomeDuplicate
+		it.ev.OriginalTraceID = res.Record.TraceID
+		c.markDuplicate(ctx, it.span, res.Record)
 		c.reply(ctx, s, d, res.Record.Result)
-		return c.ack(d, ev)
+		it.ev = c.ack(d, it.ev)
+		return false
 	case dedup.Busy:
-		ev.Outcome = OutcomeInProgress
+		it.ev.Outcome = OutcomeInProgress
 		wait := time.Until(derefTime(res.Record.LockedUntil))
-		return c.retryLater(ctx, s, d, ev, attempt, c.topo.TierAtLeast(wait), nil)
+		it.ev = c.retryLater(ctx, s, d, it.ev, it.attempt, c.topo.TierAtLeast(wait), nil)
+		return false
 	case dedup.KeyReuse:
-		ev.Outcome = OutcomeKeyReuse
-		return c.deadLetter(ctx, s, d, ev, ReasonKeyReuse, errors.New("key reused with another fingerprint"), attempt)
+		it.ev.Outcome = OutcomeKeyReuse
+		it.ev = c.deadLetter(ctx, s, d, it.ev, ReasonKeyReuse, errors.New("key reused with another fingerprint"), it.attempt)
+		return false
 	}
-	return c.handle(ctx, s, d, ev, attempt, key, tenant, res.Lease)
+	it.lease = res.Lease
+	it.del = &Delivery{
+		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
+		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
+		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		Timestamp: d.Timestamp, lease: res.Lease, store: c.store,
+	}
+	return true
 }
 
 // markDuplicate links the duplicate's span to the processing it duplicated.
@@ -141,20 +192,13 @@ func (c *Consumer) markDuplicate(ctx context.Context, span trace.Span, rec *dedu
 }
 
 // handle runs the handler for an acquired key and settles the outcome.
-func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, key, tenant string, lease *dedup.Lease) Event {
+func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, del *Delivery, lease *dedup.Lease) Event {
 	c.inFlight.Add(1)
-	c.metrics.inProgress.Add(ctx, 1)
+	c.metrics.inProgress.Add(ctx, 1, c.metrics.with())
 	defer func() {
 		c.inFlight.Add(-1)
-		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -1)
+		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -1, c.metrics.with())
 	}()
-	del := &Delivery{
-		Key: key, Tenant: tenant, Attempt: attempt,
-		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
-		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
-		Timestamp: d.Timestamp, lease: lease, store: c.store,
-	}
-
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	hctx, cancelTimeout := context.WithTimeoutCause(hctx, c.cfg.HandlerTimeout, errHandlerTimeout)
@@ -166,7 +210,7 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 
 	t0 := time.Now()
 	result, herr := c.runInTx(hctx, del, lease)
-	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds())
+	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	if herr == nil {
 		if result.Outcome == dedup.OutcomeRejected {
 			ev.Outcome = OutcomeRejected
@@ -179,6 +223,15 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 	if cause := context.Cause(hctx); cause != nil && !errors.Is(herr, cause) {
 		herr = fmt.Errorf("%w (%w)", herr, cause)
 	}
+	return c.settleFailure(ctx, s, d, ev, attempt, lease, herr, false)
+}
+
+// settleFailure routes a handler run that did not commit: a lost lease comes
+// back later; otherwise the key is released and the message goes to the DLQ
+// (permanent), or to a retry tier. bystander marks a run that failed only
+// because a batch-mate broke the shared transaction: it retries without
+// counting an attempt.
+func (c *Consumer) settleFailure(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, lease *dedup.Lease, herr error, bystander bool) Event {
 	ev.Err = herr
 	if errors.Is(herr, dedup.ErrLeaseLost) {
 		// Another worker owns the key now; its outcome stands. Come back
@@ -192,8 +245,12 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 	if err := c.store.Release(sctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
 		c.log.Warn("release key failed; the lease will expire", "key_hash", ev.KeyHash, "err", redact.Error(err))
 	}
-	if IsPermanent(herr) {
+	switch {
+	case IsPermanent(herr):
 		return c.deadLetter(ctx, s, d, ev, ReasonPermanentError, herr, attempt)
+	case bystander:
+		ev.Outcome = OutcomeRetried
+		return c.retryLater(ctx, s, d, ev, attempt, c.topo.TierFor(1), herr)
 	}
 	return c.retryOrDeadLetter(ctx, s, d, ev, attempt, herr)
 }
@@ -300,7 +357,7 @@ func (c *Consumer) retryOrDeadLetter(ctx context.Context, s *session, d *amqp.De
 		return c.deadLetter(ctx, s, d, ev, ReasonMaxAttemptsExceeded, cause, attempt)
 	}
 	ev.Outcome = OutcomeRetried
-	c.metrics.retries.Add(ctx, 1)
+	c.metrics.retries.Add(ctx, 1, c.metrics.with())
 	return c.publishThenAck(ctx, s, d, ev, "", c.topo.TierFor(attempt), RetryHeaders(attempt+1), "idemq retry publish")
 }
 
@@ -317,7 +374,7 @@ func (c *Consumer) deadLetter(ctx context.Context, s *session, d *amqp.Delivery,
 		ev.Outcome = OutcomeDeadLettered
 	}
 	ev.Reason, ev.Err = reason, cause
-	c.metrics.deadLetters.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", reason)))
+	c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", reason)))
 	c.log.Warn("dead-lettered", "reason", reason, "key_hash", ev.KeyHash, "attempt", attempt, "err", redact.Error(cause))
 	return c.publishThenAck(ctx, s, d, ev, c.topo.DLX, "", DeadLetterHeaders(reason, cause, attempt), "idemq dlq publish")
 }
