@@ -68,7 +68,9 @@ type Report struct {
 	Unsettled int
 
 	WorkerKills, WorkerRestarts int
-	Elapsed                     time.Duration
+	// Kill says which worker was killed, and when.
+	Kill    string
+	Elapsed time.Duration
 
 	// DuplicateTraceID is the trace of one suppressed duplicate,
 	// OriginalTraceID that of the processing it duplicated; TraceLink shows
@@ -86,7 +88,7 @@ func (r Report) OK() bool { return len(r.Failures) == 0 }
 // report computes the Report from the database and the queues.
 func (r *runner) report(ctx context.Context) (Report, error) {
 	rep := Report{
-		Seed: r.o.Seed, Queue: r.o.Queue, WorkerKills: r.kills, WorkerRestarts: r.restarts,
+		Seed: r.o.Seed, Queue: r.o.Queue, WorkerKills: r.kills, Kill: r.killNote, WorkerRestarts: r.restarts,
 		PublishedByKind: map[string]int{}, ExpectedDeadLetters: map[string]int{},
 	}
 	s := pgx.Identifier{r.o.Schema}.Sanitize()
@@ -306,6 +308,9 @@ func (rep Report) print(w io.Writer) {
 	}
 	line("keys in progress", "%d (%d released after a failure, left to retention)", rep.InProgress, rep.Released)
 	line("worker kills", "%d (SIGKILL; the others stopped with SIGTERM)", rep.WorkerKills)
+	if rep.Kill != "" {
+		line("", "%s", rep.Kill)
+	}
 	if rep.WorkerRestarts > 0 {
 		line("worker restarts", "%d", rep.WorkerRestarts)
 	}
