@@ -52,6 +52,26 @@ func TestBadUsageExits2(t *testing.T) {
 	}
 }
 
+func TestFlagsWinOverEnvironment(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	// The environment is used when no flag is given...
+	r := idemq(t, env(schema, "IDEMQ_POSTGRES_URL=postgres://u:pw@127.0.0.1:1/x"), "migrate")
+	if r.code != 1 || !strings.Contains(r.stderr, "127.0.0.1:1") {
+		t.Fatalf("IDEMQ_POSTGRES_URL not used: %s", r)
+	}
+	// ...and a flag wins over it.
+	r = mustRun(t, env("Not-A-Schema", "IDEMQ_POSTGRES_URL=postgres://u:pw@127.0.0.1:1/x"),
+		"migrate", "--postgres-url", testdb.URL(), "--schema", schema)
+	if !strings.Contains(r.stdout, "schema "+schema+" at version") {
+		t.Fatalf("flags did not win: %s", r)
+	}
+	if r := idemq(t, env(schema, "IDEMQ_LOG_FORMAT=yaml"), "version"); r.code != 2 {
+		t.Fatalf("malformed IDEMQ_LOG_FORMAT: %s", r)
+	}
+	mustRun(t, env(schema, "IDEMQ_LOG_FORMAT=yaml"), "version", "--log-format", "json")
+}
+
 func TestHelpAndVersion(t *testing.T) {
 	t.Parallel()
 	environ := env("idemq")
@@ -70,9 +90,6 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 	if r := mustRun(t, environ, "bench"); !strings.Contains(r.stdout, "docs/benchmarks.md") || !strings.Contains(r.stdout, "go test") {
 		t.Errorf("bench: %s", r)
-	}
-	if r := idemq(t, environ, "demo"); r.code != 1 || !strings.Contains(r.stderr, "the demo is not built yet") {
-		t.Errorf("demo: %s", r)
 	}
 }
 
@@ -511,5 +528,23 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &after); err != nil || fmt.Sprint(after.ByReason) != "map[idempotency_key_invalid:2 idempotency_key_required:2]" {
 		t.Errorf("dlq after replay: %v %s", err, r.stdout)
+	}
+}
+
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	suffix := testdb.RandomHex(4)
+	schema, queue := "idemq_demo_cli_"+suffix, "idemq.demo.cli."+suffix
+	pool := testdb.Pool(t, 2)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+	})
+	deleteTopologyAtCleanup(t, queue, []string{"200ms", "400ms", "800ms"}, nil, nil)
+	r := mustRun(t, env("idemq"), "demo", "--payments", "60", "--workers", "2", "--concurrency", "4",
+		"--demo-schema", schema, "--queue", queue, "--log-dir", t.TempDir())
+	for _, want := range []string{"Report", "effects applied", "killed with SIGKILL", "OK: "} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
+		}
 	}
 }
