@@ -239,7 +239,9 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	channel := ChannelName(r.cfg.Schema)
 	for ctx.Err() == nil {
 		err := func() error {
-			conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+			cfg := r.pool.Config().ConnConfig.Copy()
+			cfg.RuntimeParams["application_name"] = r.cfg.ConnectionName + "-listen"
+			conn, err := pgx.ConnectConfig(ctx, cfg)
 			if err != nil {
 				return fmt.Errorf("connect: %w", err)
 			}
