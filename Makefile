@@ -1,0 +1,60 @@
+# idemq: run `make` or `make help` for the list of targets.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+GO ?= go
+# Extra flags for go test, e.g. make test TESTFLAGS='-run TestReserve -v'
+TESTFLAGS ?=
+# Extra arguments for the demo and bench subcommands, e.g. make demo ARGS='--messages 500'
+ARGS ?=
+
+# Services the tests use; override to point them elsewhere.
+IDEMQ_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+IDEMQ_TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
+export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
+
+# The chaos tests may live in a module of their own (heavy test-only tools).
+CHAOS_DIR := $(if $(wildcard integration/chaos/go.mod),integration/chaos,.)
+CHAOS_PKGS := $(if $(wildcard integration/chaos/go.mod),./...,./integration/chaos/...)
+
+.PHONY: help up test lint demo bench chaos build jaeger
+
+help: ## Show this list of targets
+	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
+	@echo
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-7s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+up: ## Make sure Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) run, starting them if needed
+	@bash deploy/local/ensure-services.sh
+
+test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) ./...
+
+lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
+	@unformatted=$$(find . -name '*.go' -not -path './.git/*' -not -path './.cache/*' -not -path './vendor/*' -print0 | xargs -0 -r gofmt -l); \
+	if [[ -n $$unformatted ]]; then echo "gofmt: these files need formatting (gofmt -w):"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	@if command -v golangci-lint >/dev/null 2>&1; then \
+		echo 'golangci-lint run ./...'; golangci-lint run ./...; \
+	else \
+		echo 'golangci-lint not on PATH: skipped (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest)'; \
+	fi
+
+demo: up ## Run the payments scenario end to end (idemq demo)
+	$(GO) run ./cmd/idemq demo $(ARGS)
+
+bench: up ## Run the benchmark of docs/benchmarks.md (idemq bench)
+	$(GO) run ./cmd/idemq bench $(ARGS)
+
+chaos: up ## Chaos tests: crashes, broker and database restarts (build tag chaos)
+	cd $(CHAOS_DIR) && $(GO) test -race -count=1 -timeout 60m -tags chaos $(TESTFLAGS) $(CHAOS_PKGS)
+
+build: ## Build the idemq binary into bin/idemq
+	$(GO) build -o bin/idemq ./cmd/idemq
+
+jaeger: ## Start a local Jaeger v2 (UI/API 127.0.0.1:16686, OTLP 4317/4318)
+	@bash deploy/jaeger/run.sh
