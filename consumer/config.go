@@ -48,8 +48,18 @@ type Config struct {
 
 	// Concurrency is the number of deliveries handled at once. Default 8.
 	Concurrency int
-	// Prefetch is the channel's QoS prefetch count. Default 2 × Concurrency.
+	// Prefetch is the channel's QoS prefetch count. Default
+	// Concurrency × max(2, GroupSize+1).
 	Prefetch int
+	// GroupSize > 1 turns on group commit: a worker takes up to GroupSize
+	// waiting deliveries, reserves their keys with one statement, runs each
+	// handler under its own savepoint of one shared transaction and commits
+	// once. A failing handler rolls back only its own effects and key. A
+	// BatchHandler always runs in groups (default size 100). Default 1.
+	GroupSize int
+	// GroupLinger is how long a worker waits for a group to fill; 0 takes
+	// only what is already waiting, adding no latency.
+	GroupLinger time.Duration
 	// HandlerTimeout bounds one handler run (an infrastructure failure when
 	// exceeded). Default 1 minute.
 	HandlerTimeout time.Duration
@@ -122,7 +132,8 @@ func (c *Config) WithDefaults() Config {
 		out = *c
 	}
 	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
-	out.Prefetch = cmp.Or(out.Prefetch, 2*out.Concurrency)
+	out.GroupSize = max(out.GroupSize, 1)
+	out.Prefetch = cmp.Or(out.Prefetch, out.Concurrency*max(2, out.GroupSize+1))
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -30,17 +32,19 @@ var ErrRetentionTooShort = errors.New("key retention is shorter than the redeliv
 // Consumer consumes one work queue, claims each message's key before its
 // handler runs, and routes every delivery to exactly one outcome.
 type Consumer struct {
-	store    *dedup.Store
-	handler  Handler
-	cfg      Config
-	topo     Topology
-	log      *slog.Logger
-	tracer   trace.Tracer
-	prop     propagation.TextMapPropagator
-	metrics  *metrics
-	running  atomic.Bool
-	consumed atomic.Bool
-	inFlight atomic.Int64
+	store   *dedup.Store
+	handler Handler
+	// batchHandler replaces handler in batch mode.
+	batchHandler BatchHandler
+	cfg          Config
+	topo         Topology
+	log          *slog.Logger
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
+	metrics      *metrics
+	running      atomic.Bool
+	consumed     atomic.Bool
+	inFlight     atomic.Int64
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -80,6 +84,40 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 		prop:    otel.GetTextMapPropagator(),
 		metrics: m,
 	}, nil
+}
+
+// NewBatch returns a consumer in batch mode: bh handles groups of up to
+// cfg.GroupSize deliveries (default 100) in one transaction, with their keys
+// reserved by one statement and completed by another. See BatchHandler.
+func NewBatch(store *dedup.Store, bh BatchHandler, cfg *Config) (*Consumer, error) {
+	if bh == nil {
+		return nil, errors.New("consumer: nil batch handler")
+	}
+	c := cfg.WithDefaults()
+	if cfg == nil || cfg.GroupSize == 0 {
+		c.GroupSize = 100
+		c.Prefetch = cmp.Or(valueOrZero(cfg).Prefetch, c.Concurrency*(c.GroupSize+1))
+	}
+	single := func(ctx context.Context, tx pgx.Tx, d *Delivery) (Response, error) {
+		rs, err := bh(ctx, tx, []*Delivery{d})
+		if err != nil || len(rs) != 1 {
+			return Response{}, cmp.Or(err, fmt.Errorf("batch handler returned %d responses for 1 delivery", len(rs)))
+		}
+		return rs[0], nil
+	}
+	cons, err := New(store, single, &c)
+	if err != nil {
+		return nil, err
+	}
+	cons.batchHandler = bh
+	return cons, nil
+}
+
+func valueOrZero(c *Config) Config {
+	if c == nil {
+		return Config{}
+	}
+	return *c
 }
 
 // Topology returns the queues and exchanges the consumer uses.
@@ -263,6 +301,12 @@ func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.
 				// Not started: left unacked, the broker redelivers it.
 				return
 			default:
+			}
+			if c.cfg.GroupSize > 1 {
+				if group := c.collect(&d, deliveries, s.stop); len(group) > 1 {
+					c.processGroup(ctx, s, group)
+					continue
+				}
 			}
 			c.process(ctx, s, &d)
 		}

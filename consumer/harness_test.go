@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +66,9 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 		ConnectionName:  "idemq-test-" + queue,
 		OnOutcome:       h.record,
 	}
+	if testMode() == "group" {
+		h.cfg.GroupSize = 16
+	}
 	if mod != nil {
 		mod(&h.cfg)
 	}
@@ -99,7 +103,13 @@ func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {
-		c, err := consumer.New(h.store, handler, &h.cfg)
+		var c *consumer.Consumer
+		var err error
+		if testMode() == "batch" {
+			c, err = consumer.NewBatch(h.store, asBatch(handler), &h.cfg)
+		} else {
+			c, err = consumer.New(h.store, handler, &h.cfg)
+		}
 		if err != nil {
 			h.t.Fatalf("new consumer: %v", err)
 		}
@@ -258,3 +268,29 @@ func keyOf(i int, prefix string) string { return fmt.Sprintf("%s-%05d", strings.
 type pgxPoolT = pgxpool.Pool
 
 var pgxNew = pgxpool.New
+
+// testMode is the consumer mode the tests run in: "single" (default),
+// "group" (group commit) or "batch" (a BatchHandler), from
+// IDEMQ_TEST_CONSUMER_MODE. `make test` runs the package in every mode.
+func testMode() string {
+	if m := os.Getenv("IDEMQ_TEST_CONSUMER_MODE"); m != "" {
+		return m
+	}
+	return "single"
+}
+
+// asBatch turns a per-message handler into a batch handler over the same
+// transaction: any failure fails the batch, which the runtime then isolates.
+func asBatch(h consumer.Handler) consumer.BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {
+		out := make([]consumer.Response, len(ds))
+		for i, d := range ds {
+			r, err := h(ctx, tx, d)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+		}
+		return out, nil
+	}
+}

@@ -1,0 +1,374 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// BatchHandler handles a batch of deliveries in one transaction: whatever
+// it writes in tx commits together with the completion of every key of the
+// batch, with one commit. It returns one Response per delivery, in order.
+//
+// If it returns an error, the batch's transaction rolls back and each
+// delivery is handled again alone (a batch of one, under its own savepoint),
+// so that one bad message never fails its batch-mates: its own error then
+// decides its outcome exactly as for a Handler (Reject, Permanent, retry).
+type BatchHandler func(ctx context.Context, tx pgx.Tx, ds []*Delivery) ([]Response, error)
+
+// collect takes the deliveries of one group: first, then whatever is
+// already waiting (and, with GroupLinger, whatever arrives within it), up to
+// GroupSize.
+func (c *Consumer) collect(first *amqp.Delivery, deliveries <-chan amqp.Delivery, stop <-chan struct{}) []*amqp.Delivery {
+	group := []*amqp.Delivery{first}
+	var linger <-chan time.Time
+	if c.cfg.GroupLinger > 0 {
+		t := time.NewTimer(c.cfg.GroupLinger)
+		defer t.Stop()
+		linger = t.C
+	}
+	for len(group) < c.cfg.GroupSize {
+		if linger == nil {
+			select {
+			case d, ok := <-deliveries:
+				if !ok {
+					return group
+				}
+				group = append(group, &d)
+				continue
+			default:
+				return group
+			}
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return group
+			}
+			group = append(group, &d)
+		case <-linger:
+			return group
+		case <-stop:
+			return group
+		}
+	}
+	return group
+}
+
+// processGroup takes a group of deliveries to their outcomes with one
+// reserve statement and one commit: each handler runs under its own
+// savepoint of a shared transaction (or a BatchHandler runs once), so a
+// failing handler rolls back only its own effects and key.
+func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Delivery) {
+	items := make([]*item, 0, len(ds))
+	for _, d := range ds {
+		items = append(items, c.begin(ctx, d))
+	}
+	defer func() {
+		for _, it := range items {
+			c.finish(it)
+		}
+	}()
+
+	// Claim what can be claimed; repeats of a key within the group wait for
+	// the group to end and then take the single path (they find a duplicate).
+	var claimed, repeats []*item
+	seen := map[[2]string]bool{}
+	for _, it := range items {
+		if !c.prepare(s, it) {
+			continue
+		}
+		k := [2]string{it.claim.Tenant, it.claim.Key}
+		if seen[k] {
+			repeats = append(repeats, it)
+			continue
+		}
+		seen[k] = true
+		claimed = append(claimed, it)
+	}
+	if len(claimed) > 0 {
+		c.reserveAndRun(ctx, s, claimed)
+	}
+	items = removeAll(items, repeats)
+	for _, it := range repeats {
+		it.span.End() // the single path starts a span of its own
+		c.process(ctx, s, it.d)
+	}
+}
+
+func (c *Consumer) reserveAndRun(ctx context.Context, s *session, claimed []*item) {
+	claims := make([]dedup.Claim, len(claimed))
+	for i, it := range claimed {
+		claims[i] = it.claim
+	}
+	rctx, rspan := c.tracer.Start(ctx, "idemq reserve batch")
+	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
+	t0 := time.Now()
+	res, err := c.store.ReserveBatch(rctx, claims)
+	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	rspan.End()
+	if err != nil {
+		for _, it := range claimed {
+			it.ev = c.retryOrDeadLetter(it.ctx, s, it.d, it.ev, it.attempt, fmt.Errorf("reserve: %w", err))
+		}
+		return
+	}
+	var acquired []*item
+	for i, it := range claimed {
+		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", res[i].Decision.String())))
+		if c.decide(s, it, res[i]) {
+			acquired = append(acquired, it)
+		}
+	}
+	if len(acquired) > 0 {
+		c.runGroup(ctx, s, acquired)
+	}
+}
+
+// groupResult is one acquired item's fate inside the shared transaction.
+type groupResult struct {
+	result    dedup.Result
+	err       error
+	bystander bool
+}
+
+// runGroup runs the acquired items' handlers in one transaction and settles them.
+func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
+	c.inFlight.Add(int64(len(items)))
+	c.metrics.inProgress.Add(ctx, int64(len(items)), c.metrics.with())
+	defer func() {
+		c.inFlight.Add(-int64(len(items)))
+		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -int64(len(items)), c.metrics.with())
+	}()
+	leases := make([]*dedup.Lease, len(items))
+	for i, it := range items {
+		leases[i] = it.lease
+	}
+	if !c.cfg.DisableHeartbeat {
+		stop := c.groupHeartbeat(ctx, leases)
+		defer stop()
+	}
+	t0 := time.Now()
+	results := c.runGroupTx(ctx, items)
+	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	for i, it := range items {
+		r := results[i]
+		if r.err == nil {
+			if r.result.Outcome == dedup.OutcomeRejected {
+				it.ev.Outcome = OutcomeRejected
+			} else {
+				it.ev.Outcome = OutcomeProcessed
+			}
+			c.reply(it.ctx, s, it.d, &r.result)
+			it.ev = c.ack(it.d, it.ev)
+			continue
+		}
+		it.ev = c.settleFailure(it.ctx, s, it.d, it.ev, it.attempt, it.lease, r.err, r.bystander)
+	}
+}
+
+// runGroupTx runs the handlers and commits once. Every item's result says
+// whether its effects committed (err == nil).
+func (c *Consumer) runGroupTx(ctx context.Context, items []*item) []groupResult {
+	out := make([]groupResult, len(items))
+	failAll := func(err error) []groupResult {
+		for i := range out {
+			if out[i].err == nil {
+				out[i] = groupResult{err: err}
+			}
+		}
+		return out
+	}
+	tx, err := c.store.Pool().Begin(ctx)
+	if err != nil {
+		return failAll(fmt.Errorf("begin: %w", err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	if c.batchHandler != nil && c.runBatchOnce(ctx, tx, items, out) {
+		// The whole batch succeeded in one go.
+	} else {
+		for i, it := range items {
+			if err := c.runOne(ctx, tx, it, &out[i]); err != nil {
+				// The shared transaction is broken: what ran before is lost
+				// too, through no fault of its own.
+				for j := range items {
+					if j != i && (j > i || out[j].err == nil) {
+						out[j] = groupResult{err: fmt.Errorf("batch-mate broke the transaction: %w", err), bystander: true}
+					}
+				}
+				out[i] = groupResult{err: err}
+				return out
+			}
+		}
+	}
+	cctx, cspan := c.tracer.Start(ctx, "idemq commit group")
+	defer cspan.End()
+	if err := tx.Commit(cctx); err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
+		return failAll(fmt.Errorf("commit: %w", err))
+	}
+	return out
+}
+
+// runOne runs one item's handler under a savepoint of tx and completes its
+// key there. The item's own failure is recorded in r; a returned error means
+// the shared transaction itself is broken.
+func (c *Consumer) runOne(ctx context.Context, tx pgx.Tx, it *item, r *groupResult) error {
+	hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	defer cancel()
+	hctx, hspan := c.tracer.Start(hctx, "idemq handler")
+	defer hspan.End()
+	sp, err := tx.Begin(hctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	var result dedup.Result
+	var herr error
+	if c.batchHandler != nil {
+		var resps []Response
+		resps, herr = c.safeBatchCall(c.withClaim(hctx, it.del), sp, []*Delivery{it.del})
+		if herr == nil && len(resps) != 1 {
+			herr = fmt.Errorf("batch handler returned %d responses for 1 delivery", len(resps))
+		}
+		if herr == nil {
+			result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resps[0].Code, Response: resps[0].Body}
+		}
+	} else {
+		var resp Response
+		resp, herr = c.safeCall(c.withClaim(hctx, it.del), sp, it.del)
+		result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
+	}
+	var rej *RejectError
+	if errors.As(herr, &rej) {
+		result, herr = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}, nil
+	}
+	if herr == nil {
+		herr = c.store.Complete(hctx, sp, it.lease, result)
+	}
+	if herr != nil {
+		hspan.SetStatus(codes.Error, redact.Error(herr))
+		r.err = herr
+		if err := sp.Rollback(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("roll back to savepoint: %w", err)
+		}
+		return nil
+	}
+	if err := sp.Commit(hctx); err != nil {
+		r.err = err
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	r.result = result
+	return nil
+}
+
+// runBatchOnce runs the batch handler over all items and completes their
+// keys with one statement. It reports whether that worked; if not, the
+// transaction is back where it started (a savepoint) and the caller isolates
+// the items.
+func (c *Consumer) runBatchOnce(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) bool {
+	hctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	defer cancel()
+	hctx, hspan := c.tracer.Start(hctx, "idemq batch handler")
+	defer hspan.End()
+	hspan.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
+	sp, err := tx.Begin(hctx)
+	if err != nil {
+		return false
+	}
+	dels := make([]*Delivery, len(items))
+	leases := make([]*dedup.Lease, len(items))
+	for i, it := range items {
+		dels[i], leases[i] = it.del, it.lease
+	}
+	resps, err := c.safeBatchCall(hctx, sp, dels)
+	if err == nil && len(resps) != len(items) {
+		err = fmt.Errorf("batch handler returned %d responses for %d deliveries", len(resps), len(items))
+	}
+	if err == nil {
+		results := make([]dedup.Result, len(items))
+		for i, r := range resps {
+			results[i] = dedup.Result{Outcome: dedup.OutcomeOK, Code: r.Code, Response: r.Body}
+		}
+		var lost []*dedup.Lease
+		lost, err = c.store.CompleteBatch(hctx, sp, leases, results)
+		if err == nil && len(lost) > 0 {
+			err = fmt.Errorf("%d of %d keys: %w", len(lost), len(items), dedup.ErrLeaseLost)
+		}
+		if err == nil {
+			if err = sp.Commit(hctx); err == nil {
+				for i := range out {
+					out[i] = groupResult{result: results[i]}
+				}
+				return true
+			}
+		}
+	}
+	hspan.SetStatus(codes.Error, redact.Error(err))
+	hspan.AddEvent("idemq.batch_isolated")
+	_ = sp.Rollback(context.WithoutCancel(ctx))
+	return false
+}
+
+func (c *Consumer) safeBatchCall(ctx context.Context, tx pgx.Tx, ds []*Delivery) (resps []Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return c.batchHandler(ctx, tx, ds)
+}
+
+// groupHeartbeat extends the group's leases with one statement every
+// lease/3. A lost lease needs no cancellation here: the key's completion is
+// fenced and fails under its savepoint.
+func (c *Consumer) groupHeartbeat(ctx context.Context, leases []*dedup.Lease) (stop func()) {
+	period := time.Until(leases[0].LockedUntil) / 3
+	if period <= 0 {
+		period = time.Second
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if _, err := c.store.ExtendBatch(ctx, leases, c.cfg.Lease); err != nil && ctx.Err() == nil {
+					c.log.Warn("lease heartbeat failed", "err", redact.Error(err))
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func removeAll(items, drop []*item) []*item {
+	if len(drop) == 0 {
+		return items
+	}
+	gone := make(map[*item]bool, len(drop))
+	for _, it := range drop {
+		gone[it] = true
+	}
+	out := items[:0]
+	for _, it := range items {
+		if !gone[it] {
+			out = append(out, it)
+		}
+	}
+	return out
+}
