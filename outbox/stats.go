@@ -81,12 +81,12 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 
 // instruments are the relay's OTel metrics. Names follow docs/outbox.md.
 type instruments struct {
-	meter                                                      metric.Meter
-	attrs                                                      metric.MeasurementOption
+	meter                                                     metric.Meter
+	attrs                                                     metric.MeasurementOption
 	published, returned, nacked, timedOut, parked, reconnects metric.Int64Counter
-	lag                                                        metric.Float64Histogram
-	pending, parkedRows                                        metric.Int64ObservableGauge
-	oldestAge                                                  metric.Float64ObservableGauge
+	lag                                                       metric.Float64Histogram
+	pending, parkedRows                                       metric.Int64ObservableGauge
+	oldestAge                                                 metric.Float64ObservableGauge
 }
 
 func newInstruments(mp metric.MeterProvider) (instruments, error) {
