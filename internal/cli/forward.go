@@ -36,6 +36,8 @@ func (a *app) forwardCommand() *cobra.Command {
 		toExchange      string
 		toRoutingKey    string
 		concurrency     int
+		groupSize       int
+		groupLinger     time.Duration
 		lease           time.Duration
 		shutdownTimeout time.Duration
 		drainTimeout    time.Duration
@@ -83,6 +85,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			switch {
 			case concurrency < 1:
 				return usagef("--concurrency %d must be at least 1", concurrency)
+			case groupSize < 1 || groupLinger < 0:
+				return usagef("--group-size %d must be at least 1 and --group-linger %s not negative", groupSize, groupLinger)
 			case lease != 0 && lease < time.Second:
 				return usagef("--lease %s must be at least 1s", lease)
 			case shutdownTimeout <= 0 || drainTimeout <= 0:
@@ -90,6 +94,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			}
 			a.warnMetrics(metricsAddr)
 			ctx := cmd.Context()
+			// A handler's transaction, a reservation and a heartbeat per
+			// worker at most, plus the relay's claim and spare.
 			pool, err := a.openStorePool(ctx, int32(2*concurrency+4))
 			if err != nil {
 				return err
@@ -106,6 +112,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				URL:             a.amqpURL,
 				Name:            name,
 				Concurrency:     concurrency,
+				GroupSize:       groupSize,
+				GroupLinger:     groupLinger,
 				ShutdownTimeout: shutdownTimeout,
 				TenantHeader:    tenantHeader,
 				KeyHeader:       keyHeader,
@@ -134,6 +142,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.StringVar(&toExchange, "to-exchange", "", "exchange the messages are forwarded to; \"\" is the default exchange (required)")
 	f.StringVar(&toRoutingKey, "to-routing-key", "", "routing key of the forwarded messages (default: the one each message was first published with)")
 	f.IntVar(&concurrency, "concurrency", consumer.DefaultConcurrency, "messages handled at once")
+	f.IntVar(&groupSize, "group-size", 1, "group commit: handle up to this many waiting messages in one transaction (one savepoint each)")
+	f.DurationVar(&groupLinger, "group-linger", 0, "how long a worker waits for a group to fill (0: take only what is waiting)")
 	f.DurationVar(&lease, "lease", dedup.DefaultLease, "lease of a claimed key: a crashed forwarder's keys are taken over after it")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", consumer.DefaultShutdownTimeout, "how long the messages in hand may take to finish after a signal")
 	f.DurationVar(&drainTimeout, "drain-timeout", forward.DefaultDrainTimeout, "how long the relay keeps publishing the outbox after the consumer stopped")
