@@ -228,7 +228,9 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	if handlerA.parent() != tr.byName(processA)[0].SpanID {
 		t.Errorf("the handler that enqueued is not stage 1's: spans %q", tr.names())
 	}
-	if !slices.ContainsFunc(tr.Spans, func(s jSpan) bool { return s.OperationName == "idemq complete" && s.parent() == tr.byName(processB)[0].SpanID }) {
+	if !slices.ContainsFunc(tr.Spans, func(s jSpan) bool {
+		return s.OperationName == "idemq complete" && s.parent() == tr.byName(processB)[0].SpanID
+	}) {
 		t.Errorf("stage 2 has no complete span: spans %q", tr.names())
 	}
 }
