@@ -241,9 +241,24 @@ func (c *Consumer) session(ctx context.Context) error {
 	hard, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
 	s := &session{pub: pub, stop: make(chan struct{})}
+	// The library hands deliveries over one by one on an unbuffered channel;
+	// a buffer as deep as the prefetch lets a worker take a whole group at
+	// once. Deliveries left in it at a stop are never acked: the broker
+	// redelivers them.
+	buffered := make(chan amqp.Delivery, c.cfg.Prefetch)
+	go func() {
+		defer close(buffered)
+		for d := range deliveries {
+			select {
+			case buffered <- d:
+			case <-s.stop:
+				return
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
-		wg.Go(func() { c.work(hard, s, deliveries) })
+		wg.Go(func() { c.work(hard, s, buffered) })
 	}
 	workersDone := make(chan struct{})
 	go func() { wg.Wait(); close(workersDone) }()
