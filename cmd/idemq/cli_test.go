@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -327,13 +330,19 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Traces go to an OTLP endpoint that is down: spans get real trace ids
+	// (recorded with the keys) and their export fails without harm.
+	environ = append(slices.Clone(environ), "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_TIMEOUT=500")
 	name := "fwd-" + testdb.RandomHex(4)
 	fwdArgs := append([]string{"forward", "--consumer", name, "--to-exchange", x, "--concurrency", "4",
 		"--lease", "2s", "--shutdown-timeout", "10s", "--drain-timeout", "5s", "--log-level", "debug"}, topo...)
 	fwd := make([]*proc, 3)
 	for i := range fwd {
 		args := fwdArgs
-		if i == 2 {
+		switch i {
+		case 1:
+			args = append(slices.Clone(fwdArgs), "--metrics-addr", "127.0.0.1:0")
+		case 2:
 			// One forwarder commits in groups: the same guarantees.
 			args = append(slices.Clone(fwdArgs), "--group-size", "8", "--group-linger", "5ms")
 		}
@@ -381,6 +390,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	bursts(burstKeys...)
 	keysA = append(keysA, burstKeys...)
 	waitFor(t, 60*time.Second, "phase A forwarded", func() bool { return outCount() >= len(keysA) })
+	checkMetrics(t, fwd[1])
 
 	// Phase B: one forwarder is killed while messages flow, then restarted.
 	var keysB []string
@@ -464,6 +474,9 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	var rec map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || rec["state"] != "completed" || rec["outcome"] != "ok" {
 		t.Errorf("keys inspect: %v: %s", err, r)
+	}
+	if id, _ := rec["trace_id"].(string); len(id) != 32 || strings.Trim(id, "0") == "" {
+		t.Errorf("keys inspect: no trace id of the first processing: %s", r.stdout)
 	}
 
 	// dlq list shows the reasons and takes nothing away.
@@ -552,5 +565,39 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
 		}
+	}
+}
+
+var metricsAddrLog = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
+
+// checkMetrics reads the Prometheus endpoint of a forwarder started with
+// --metrics-addr 127.0.0.1:0 (its address is in its log).
+func checkMetrics(t *testing.T, p *proc) {
+	t.Helper()
+	var addr string
+	waitFor(t, 10*time.Second, "the metrics address in the log", func() bool {
+		m := metricsAddrLog.FindStringSubmatch(p.stderr.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	get := func(path string) string {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", path, resp.StatusCode, err)
+		}
+		return string(b)
+	}
+	if body := get("/healthz"); strings.TrimSpace(body) != "ok" {
+		t.Errorf("/healthz: %q", body)
+	}
+	if body := get("/metrics"); !strings.Contains(body, "idemq_consumer_deliveries") {
+		t.Errorf("/metrics has no consumer deliveries:\n%s", body)
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/telemetry"
 )
 
 // Exit codes of Main.
@@ -64,6 +65,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	cmd, err := root.ExecuteContextC(ctx)
+	if a.tel != nil {
+		// Flush the spans and metrics still buffered, bounded: a collector
+		// that is down must not hold the exit.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if serr := a.tel.Shutdown(sctx); serr != nil {
+			a.log.Warn("telemetry shutdown", "err", redact.Error(serr))
+		}
+		cancel()
+	}
 	return a.exitCode(ctx, cmd, err)
 }
 
@@ -132,6 +142,7 @@ type app struct {
 	connectTimeout time.Duration
 
 	log *slog.Logger
+	tel *telemetry.Telemetry
 }
 
 // envFlags maps global flags to their environment fallbacks.
@@ -276,6 +287,27 @@ func nonEmpty(flags *pflag.FlagSet, names ...string) error {
 		if f := flags.Lookup(n); f != nil && f.Value.String() == "" {
 			return usagef("--%s must not be empty", n)
 		}
+	}
+	return nil
+}
+
+// startTelemetry sets up OpenTelemetry for a long-running command from the
+// OTEL_* variables (traces exported over OTLP when an endpoint is set) and
+// serves Prometheus metrics on metricsAddr when it is set. Main flushes and
+// stops it when the command returns.
+func (a *app) startTelemetry(ctx context.Context, metricsAddr string) error {
+	tel, err := telemetry.Setup(ctx, telemetry.Options{
+		ServiceName:    telemetry.DefaultServiceName,
+		ServiceVersion: Version,
+		MetricsAddr:    metricsAddr,
+		Logger:         a.log,
+	})
+	if err != nil {
+		return err
+	}
+	a.tel = tel
+	if addr := tel.MetricsAddr(); addr != "" {
+		a.log.Info("serving metrics", "addr", addr, "path", "/metrics")
 	}
 	return nil
 }

@@ -17,16 +17,9 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-// metricsFlag registers --metrics-addr. No metrics exporter is wired into
-// the binary yet: the address is accepted and reported, not served.
+// metricsFlag registers --metrics-addr.
 func (a *app) metricsFlag(f *pflag.FlagSet, addr *string) {
-	f.StringVar(addr, "metrics-addr", "", "address of the Prometheus metrics endpoint, e.g. :9464 (accepted; served once the metrics exporter lands)")
-}
-
-func (a *app) warnMetrics(addr string) {
-	if addr != "" {
-		a.log.Warn("--metrics-addr is accepted but this build serves no metrics endpoint yet", "metrics_addr", addr)
-	}
+	f.StringVar(addr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics) and a health check (/healthz) are served, e.g. :9090 (default: none)")
 }
 
 func (a *app) forwardCommand() *cobra.Command {
@@ -92,7 +85,6 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			case shutdownTimeout <= 0 || drainTimeout <= 0:
 				return usagef("--shutdown-timeout and --drain-timeout must be positive")
 			}
-			a.warnMetrics(metricsAddr)
 			ctx := cmd.Context()
 			// A handler's transaction, a reservation and a heartbeat per
 			// worker at most, plus the relay's claim and spare.
@@ -106,6 +98,9 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				return err
 			}
 			if err := a.checkBroker(toExchange); err != nil {
+				return err
+			}
+			if err := a.startTelemetry(ctx, metricsAddr); err != nil {
 				return err
 			}
 			ccfg := consumer.Config{
@@ -218,7 +213,6 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			if poll <= 0 {
 				return usagef("--poll-interval %s must be positive", poll)
 			}
-			a.warnMetrics(metricsAddr)
 			ctx := cmd.Context()
 			pool, err := a.openStorePool(ctx, 4)
 			if err != nil {
@@ -226,6 +220,9 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			}
 			defer pool.Close()
 			if err := a.checkBroker(""); err != nil {
+				return err
+			}
+			if err := a.startTelemetry(ctx, metricsAddr); err != nil {
 				return err
 			}
 			r, err := outbox.NewRelay(pool, a.amqpURL, &outbox.RelayConfig{

@@ -43,6 +43,11 @@ recreates.`,
 			if noKill {
 				o.KillAt = -1
 			}
+			// The scenario and its workers (this command again) trace when
+			// OTEL_EXPORTER_OTLP_ENDPOINT is set.
+			if err := a.startTelemetry(cmd.Context(), ""); err != nil {
+				return err
+			}
 			rep, err := demo.Run(cmd.Context(), o, a.stdout)
 			if err != nil {
 				return err
