@@ -86,6 +86,7 @@ const (
 	pending   outcome = iota // not published in this batch (ordering lock held elsewhere)
 	confirmed                // acked and not returned
 	returned                 // unroutable, or its exchange is missing
+	refused                  // the broker closed the channel over it
 	nacked                   // the broker refused it
 	timedOut                 // no confirm in time
 	bad                      // cannot be published as stored (headers)
@@ -99,11 +100,13 @@ type published struct {
 	reason string
 }
 
-// relayBatch claims up to BatchSize rows, publishes them, waits for their
-// confirms and records the results, all in one transaction: rows are marked
-// only after the broker confirmed them. A *brokerError means the session
-// broke; the transaction then rolls back and the rows stay pending.
-func (r *Relay) relayBatch(ctx context.Context, s *session) (int, error) {
+// relayBatch claims up to BatchSize rows (one while isolating a poison row),
+// publishes them, waits for their confirms and records the results, all in
+// one transaction: rows are marked only after the broker confirmed them. It
+// reports whether it claimed a full batch (more may be waiting). A
+// *brokerError means the session broke; the transaction then rolls back and
+// the rows stay pending.
+func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err error) {
 	// The batch runs to its end even when ctx ends (that is the drain), but
 	// within a bound.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+30*time.Second)
@@ -111,50 +114,105 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (int, error) {
 
 	tx, err := r.pool.Begin(bctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
 
-	rows, err := r.claim(bctx, tx)
-	if err != nil || len(rows) == 0 {
-		return 0, err
+	limit := r.cfg.BatchSize
+	if r.isolate > 0 {
+		limit = 1
+	}
+	rows, claimed, err := r.claim(bctx, tx, limit)
+	if err != nil {
+		return false, err
+	}
+	full = claimed == limit
+	if r.isolate > 0 {
+		r.isolate = max(r.isolate-1, 0)
+		if claimed == 0 {
+			r.isolate = 0
+		}
+	}
+	if len(rows) == 0 {
+		return full, nil
 	}
 	pubs, err := r.publishAll(bctx, s, rows)
+	timeout := false
+	if err == nil {
+		timeout = r.awaitConfirms(s, pubs)
+		if !s.alive() {
+			// Pending confirms of a closed channel read as nacks: trust none.
+			err = &brokerError{fmt.Errorf("channel closed during the batch: %w", s.deathErr())}
+		}
+	}
 	if err != nil {
 		endSpans(pubs, err)
-		return 0, err
-	}
-	timeout := r.awaitConfirms(s, pubs)
-	if !s.alive() {
-		// Pending confirms of a closed channel read as nacks: trust none.
-		err := &brokerError{fmt.Errorf("channel closed during the batch: %w", s.deathErr())}
-		endSpans(pubs, err)
-		return 0, err
+		_ = tx.Rollback(bctx)
+		r.suspect(bctx, s, pubs)
+		return false, err
 	}
 	if err := r.record(bctx, tx, pubs); err != nil {
 		endSpans(pubs, err)
-		return 0, err
+		return false, err
 	}
 	if err := tx.Commit(bctx); err != nil {
 		// The broker has the messages; the rows stay pending and will be
 		// published again, with the same message ids.
 		err = fmt.Errorf("commit: %w", err)
 		endSpans(pubs, err)
-		return 0, err
+		return false, err
 	}
 	r.report(bctx, pubs)
 	if timeout {
 		// Late confirms and returns may still come on this channel: start
 		// a fresh one rather than mistake them for the next batch's.
-		return len(rows), &brokerError{errors.New("publisher confirms timed out")}
+		return full, &brokerError{errors.New("publisher confirms timed out")}
 	}
-	return len(rows), nil
+	return full, nil
 }
 
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*row, error) {
-	rs, err := tx.Query(ctx, r.sql.claim, r.cfg.BatchSize)
+// suspect looks at a session that died during a batch. When the broker
+// closed it for a reason of its own (not CONNECTION_FORCED: an operator or a
+// shutdown), a row of the batch may be the cause, a property the broker
+// refuses. A batch of several rows makes the relay publish the next ones one
+// at a time; a batch of one row is that row's fault, recorded like a return.
+func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
+	select {
+	case <-s.dead:
+	case <-time.After(time.Second):
+		return
+	}
+	var ae *amqp.Error
+	if !errors.As(s.deathErr(), &ae) || !ae.Server || ae.Code == amqp.ConnectionForced {
+		return
+	}
+	if len(pubs) > 1 {
+		r.isolate = len(pubs)
+		r.log.Warn("outbox relay: the broker closed the channel during a batch; publishing one row at a time to find the cause",
+			"rows", len(pubs), "code", ae.Code, "reason", ae.Reason)
+		return
+	}
+	if len(pubs) == 0 || pubs[0].dc == nil {
+		return
+	}
+	p := pubs[0]
+	p.result = refused
+	p.reason = fmt.Sprintf("the broker closed the channel: %d %s", ae.Code, ae.Reason)
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return r.record(ctx, tx, pubs) })
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		r.log.Warn("outbox relay cannot record a failed row", "id", p.row.id, "error", err)
+		return
+	}
+	p.span = nil // ended already
+	r.report(ctx, pubs)
+}
+
+// claim locks up to limit rows and returns those it may publish, and how
+// many it locked.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) ([]*row, int, error) {
+	rs, err := tx.Query(ctx, r.sql.claim, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("claim: %w", err)
 	}
 	rows, err := pgx.CollectRows(rs, func(rs pgx.CollectableRow) (*row, error) {
 		var w row
@@ -165,8 +223,9 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*row, error) {
 		return &w, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return nil, 0, fmt.Errorf("claim: %w", err)
 	}
+	claimed := len(rows)
 	var keys []string
 	for _, w := range rows {
 		if w.orderingKey != "" {
@@ -174,15 +233,15 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*row, error) {
 		}
 	}
 	if len(keys) == 0 {
-		return rows, nil
+		return rows, claimed, nil
 	}
 	krs, err := tx.Query(ctx, r.sql.lockKeys, keys, r.sql.lockClass)
 	if err != nil {
-		return nil, fmt.Errorf("lock ordering keys: %w", err)
+		return nil, 0, fmt.Errorf("lock ordering keys: %w", err)
 	}
 	locked, err := pgx.CollectRows(krs, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("lock ordering keys: %w", err)
+		return nil, 0, fmt.Errorf("lock ordering keys: %w", err)
 	}
 	held := make(map[string]bool, len(locked))
 	for _, k := range locked {
@@ -194,7 +253,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*row, error) {
 			out = append(out, w)
 		}
 	}
-	return out, nil
+	return out, claimed, nil
 }
 
 // publishAll publishes the rows in id order, mandatory and with confirms.
@@ -359,7 +418,7 @@ func (r *Relay) record(ctx context.Context, tx pgx.Tx, pubs []*published) error 
 		ret := int32(0)
 		park := false
 		switch p.result {
-		case returned:
+		case returned, refused:
 			ret = 1
 			park = w.returns+1 >= r.cfg.MaxReturns
 		case bad:
@@ -428,6 +487,12 @@ func (r *Relay) report(ctx context.Context, pubs []*published) {
 			r.counts.returned.Add(1)
 			r.inst.returned.Add(ctx, 1, r.inst.attrs)
 			r.log.Warn("outbox message unroutable: kept, will be retried or parked",
+				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey,
+				"returns", w.returns+1, "max_returns", r.cfg.MaxReturns, "reason", p.reason, "parked", parked)
+		case refused:
+			r.counts.returned.Add(1)
+			r.inst.returned.Add(ctx, 1, r.inst.attrs)
+			r.log.Warn("outbox message refused by the broker: kept, will be retried or parked",
 				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey,
 				"returns", w.returns+1, "max_returns", r.cfg.MaxReturns, "reason", p.reason, "parked", parked)
 		case nacked:

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -171,6 +173,12 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 	if m.DeliveryMode != amqp.Persistent && m.DeliveryMode != amqp.Transient {
 		return nil, fmt.Errorf("delivery mode %d: want amqp.Persistent or amqp.Transient", m.DeliveryMode)
 	}
+	if strings.Trim(m.Expiration, "0123456789") != "" {
+		return nil, fmt.Errorf("expiration %q: want a number of milliseconds", m.Expiration)
+	}
+	if err := finite(m.Headers); err != nil {
+		return nil, fmt.Errorf("headers: %w", err)
+	}
 	if m.Body == nil {
 		m.Body = []byte{}
 	}
@@ -233,4 +241,30 @@ func fromContext(ctx context.Context) (*Outbox, error) {
 		schema = c.Schema
 	}
 	return New(&Config{Schema: schema})
+}
+
+// finite refuses NaN and infinite floats, which RabbitMQ answers by closing
+// the connection.
+func finite(v any) error {
+	switch x := v.(type) {
+	case float32:
+		return finite(float64(x))
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%v: RabbitMQ cannot carry a non-finite float", x)
+		}
+	case []any:
+		for _, e := range x {
+			if err := finite(e); err != nil {
+				return err
+			}
+		}
+	case amqp.Table:
+		for k, e := range x {
+			if err := finite(e); err != nil {
+				return fmt.Errorf("field %q: %w", k, err)
+			}
+		}
+	}
+	return nil
 }

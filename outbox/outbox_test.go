@@ -114,6 +114,12 @@ func TestEnqueueWithoutClaim(t *testing.T) {
 	if err := e.ob.Enqueue(ctx, tx, outbox.Message{DeliveryMode: 7}); err == nil {
 		t.Fatal("enqueue with delivery mode 7 succeeded")
 	}
+	if err := e.ob.Enqueue(ctx, tx, outbox.Message{Expiration: "1s"}); err == nil {
+		t.Fatal("enqueue with expiration 1s succeeded")
+	}
+	if err := e.ob.Enqueue(ctx, tx, outbox.Message{Headers: amqp.Table{"t": amqp.Table{"f": []any{math.NaN()}}}}); err == nil {
+		t.Fatal("enqueue with a NaN header succeeded")
+	}
 	if err := e.ob.Enqueue(ctx, tx, outbox.Message{RoutingKey: "q"}); err != nil {
 		t.Fatal(err)
 	}

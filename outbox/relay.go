@@ -37,6 +37,9 @@ type Relay struct {
 	inst   instruments
 
 	running atomic.Bool
+	// isolate is how many more rows to publish one per batch, after the
+	// broker closed the channel during a batch (see suspect). Run's goroutine only.
+	isolate int
 	counts  struct {
 		published, returned, nacked, timedOut, parked, reconnects atomic.Int64
 	}
@@ -178,7 +181,7 @@ func (r *Relay) serve(ctx context.Context, s *session, wake <-chan struct{}) (se
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	for ctx.Err() == nil {
-		n, err := r.relayBatch(ctx, s)
+		full, err := r.relayBatch(ctx, s)
 		var be *brokerError
 		switch {
 		case errors.As(err, &be):
@@ -192,7 +195,7 @@ func (r *Relay) serve(ctx context.Context, s *session, wake <-chan struct{}) (se
 		}
 		dbBackoff.Reset()
 		served = true
-		if n == r.cfg.BatchSize {
+		if full {
 			continue // more may be waiting
 		}
 		if !poll.Stop() {

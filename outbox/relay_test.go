@@ -529,3 +529,53 @@ func TestGC(t *testing.T) {
 		t.Fatalf("gc parked deleted %d, %v; want 1", n, err)
 	}
 }
+
+// A row that makes the broker close the connection (a non-finite float
+// header, written behind Enqueue's back) is found, counted and parked; the
+// rows around it are published.
+func TestRelayPoisonRowParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 8)
+	ctx := context.Background()
+	before, _ := e.enqueueRows(t, 30, 1, 30, 0)
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if err := e.ob.Enqueue(ctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: "poison"}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+e.schema+`.outbox SET headers = '{"x": {"t": "float64", "v": "+Inf"}}' WHERE message_id = 'poison'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := e.enqueueRows(t, 30, 1, 30, 0)
+	cfg := e.relayConfig(t)
+	cfg.BatchSize = 20
+	cfg.MaxReturns = 2
+	cfg.ReconnectInitial = 10 * time.Millisecond
+	e.startRelay(t, cfg)
+
+	waitFor(t, 60*time.Second, "the poison row parked and the others published", func() bool {
+		b := e.backlog(t)
+		return b.Parked == 1 && b.Pending == 0
+	})
+	var reason string
+	var returns int
+	if err := e.pool.QueryRow(ctx, "SELECT parked_reason, returns FROM "+e.schema+".outbox WHERE message_id = 'poison'").Scan(&reason, &returns); err != nil {
+		t.Fatal(err)
+	}
+	if returns != 2 || !strings.Contains(reason, "the broker closed the channel") {
+		t.Fatalf("poison row: returns %d, reason %q", returns, reason)
+	}
+	// Rows of the batch that broke were published, then rolled back and
+	// published again: the queue may hold duplicates, never the poison.
+	got, _ := e.consumeAll(t, e.queueDepth(t), 30*time.Second)
+	for _, id := range append(before, after...) {
+		if got[id] == 0 {
+			t.Fatalf("message %s lost", id)
+		}
+	}
+	if got["poison"] != 0 {
+		t.Fatal("the poison message was delivered")
+	}
+}
