@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/internal/bench"
 	"github.com/idemq/idemq/internal/demo"
 )
 
@@ -75,20 +77,39 @@ recreates.`,
 }
 
 func (a *app) benchCommand() *cobra.Command {
-	return &cobra.Command{
+	var o bench.Options
+	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run the benchmark of docs/benchmarks.md",
-		Long: `Run the benchmark described in docs/benchmarks.md. Until it is built into the
-binary, this prints how to run the benchmarks with go test.`,
-		Example: `  idemq bench`,
-		Args:    noArgs,
-		RunE: run(func(*cobra.Command, []string) error {
-			fmt.Fprintln(a.stdout, `The benchmark is not built into this binary yet.
-See docs/benchmarks.md, and run the Go benchmarks against local services:
-  go test -run '^$' -bench . -benchmem ./dedup/ ./consumer/ ./outbox/`)
-			return nil
+		Long: `Measure idemq against a bare RabbitMQ consumer on the Postgres and RabbitMQ of
+--postgres-url and --amqp-url, each consumer in a process of its own (this
+binary again): throughput per scenario (per-message transactions, group commit,
+batch handlers, with and without duplicates), its ratio to the bare consumer,
+publish-to-ack latency (p50, p99), peak memory and CPU per message; then print
+the table (see docs/benchmarks.md). It uses its own schema (idemq_bench) and
+queues, which it resets.`,
+		Example: `  idemq bench
+  idemq bench --messages 5000 --max-duration 10s
+  idemq bench --sweep --plot docs/img/group-commit.svg`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
+			_, err := bench.Run(cmd.Context(), o, a.stdout)
+			return err
 		}),
 	}
+	f := cmd.Flags()
+	f.IntVar(&o.Messages, "messages", 20000, "messages preloaded per throughput scenario")
+	f.IntVar(&o.BodySize, "body-size", 200, "message body size in bytes")
+	f.IntVar(&o.Concurrency, "concurrency", 8, "handlers of every consumer")
+	f.IntVar(&o.Prefetch, "prefetch", 64, "prefetch of every consumer")
+	f.DurationVar(&o.MaxDuration, "max-duration", 15*time.Second, "bound of one throughput scenario")
+	f.IntVar(&o.Paced, "paced", 300, "messages per scenario for the publish-to-ack latency")
+	f.IntVar(&o.PacedRate, "paced-rate", 200, "publish rate of the latency messages, per second")
+	f.BoolVar(&o.Sweep, "sweep", false, "also run group commit at several group sizes")
+	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of the sweep to this path")
+	f.StringVar(&o.WatermillDir, "watermill-dir", "", "source directory of the Watermill peer (bench/watermill); empty skips it")
+	return cmd
 }
 
 func (a *app) versionCommand() *cobra.Command {
