@@ -170,7 +170,7 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	})
 	relay, err := outbox.NewRelay(e.pool, testamqp.URL(), &outbox.RelayConfig{
 		Schema: e.schema, TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
-		ConnectionName: "idemq-test-relay-" + e.schema,
+		ConnectionName: "idemq-test-relay-" + e.schema, Logger: cfgA.Logger,
 	})
 	if err != nil {
 		t.Fatal(err)
