@@ -512,9 +512,11 @@ func (r *Relay) report(ctx context.Context, pubs []*published) {
 		if parked {
 			r.counts.parked.Add(1)
 			r.inst.parked.Add(ctx, 1, r.inst.attrs)
-			r.log.Warn("outbox message PARKED: it will not be published until an operator acts",
-				"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey,
-				"reason", p.reason)
+			args := []any{"id", w.id, "message_id", w.messageID, "exchange", w.exchange, "routing_key", w.routingKey, "reason", p.reason}
+			if w.orderingKey != "" {
+				args = append(args, "ordering", "later messages of its ordering key are published without it")
+			}
+			r.log.Warn("outbox message PARKED: it will not be published until an operator acts", args...)
 		}
 		endSpan(p.span, errors.New(p.reason))
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -253,5 +255,53 @@ func TestRelayConfigValidation(t *testing.T) {
 	cancel()
 	if err := r.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("run on a cancelled context: %v", err)
+	}
+}
+
+// The relay's counters and backlog gauges reach the configured meter.
+func TestRelayMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	cfg := e.relayConfig(t)
+	cfg.MeterProvider = mp
+	e.startRelay(t, cfg)
+	e.enqueueRows(t, 5, 1, 5, 0)
+	e.consumeAll(t, 5, 20*time.Second)
+
+	values := map[string]float64{}
+	waitFor(t, 10*time.Second, "published=5 and pending=0 in the metrics", func() bool {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			if sm.Scope.Name != "github.com/idemq/idemq/outbox" {
+				continue
+			}
+			for _, m := range sm.Metrics {
+				switch d := m.Data.(type) {
+				case metricdata.Sum[int64]:
+					for _, p := range d.DataPoints {
+						values[m.Name] = float64(p.Value)
+					}
+				case metricdata.Gauge[int64]:
+					for _, p := range d.DataPoints {
+						values[m.Name] = float64(p.Value)
+					}
+				case metricdata.Histogram[float64]:
+					for _, p := range d.DataPoints {
+						values[m.Name] = float64(p.Count)
+					}
+				}
+			}
+		}
+		_, hasPending := values["idemq.outbox.pending"]
+		return values["idemq.outbox.published"] == 5 && hasPending && values["idemq.outbox.pending"] == 0
+	})
+	if values["idemq.outbox.lag"] != 5 {
+		t.Fatalf("lag histogram count = %v, want 5 (metrics %v)", values["idemq.outbox.lag"], values)
 	}
 }
