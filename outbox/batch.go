@@ -126,7 +126,9 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	if err != nil {
 		return false, err
 	}
-	full = claimed == limit
+	// Rows skipped for their ordering key's lock do not count: another
+	// relay is publishing that key; wait to be woken rather than spin.
+	full = claimed == limit && len(rows) > 0
 	if r.isolate > 0 {
 		r.isolate = max(r.isolate-1, 0)
 		if claimed == 0 {

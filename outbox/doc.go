@@ -42,10 +42,11 @@
 //
 // # Ordering
 //
-// Rows with an OrderingKey are published in commit order per key, whatever
-// the number of relays: a row is claimed only while no older row of its key
-// is pending, and a transaction-scoped advisory lock per key keeps two relays
-// from publishing the same key at once. The cost is one message per key per
+// Rows with an OrderingKey are published one at a time per key, in id order
+// (commit order when the key's writers are serialised), whatever the number
+// of relays: a row is claimed only while no older row of its key is pending,
+// and a transaction-scoped advisory lock per key keeps two relays from
+// publishing the same key at once. The cost is one message per key per
 // batch round trip; rows without a key are not affected.
 //
 // # Operations

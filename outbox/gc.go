@@ -73,5 +73,11 @@ WHERE id = ANY($1) AND parked_at IS NOT NULL`, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: unpark: %w", err)
 	}
+	if tag.RowsAffected() > 0 {
+		// Wake the relays now rather than at their next poll.
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, '')", ChannelName(schema)); err != nil {
+			return tag.RowsAffected(), fmt.Errorf("outbox: unpark: notify: %w", err)
+		}
+	}
 	return tag.RowsAffected(), nil
 }

@@ -35,8 +35,9 @@ type Message struct {
 	// context (see WithClaim), or a random UUID when there is none.
 	MessageID string
 	// OrderingKey, when set, orders the message after every earlier message
-	// with the same key: the relays publish one at a time per key, in
-	// commit order. It costs throughput on that key; see docs/outbox.md.
+	// with the same key: the relays publish one at a time per key, in id
+	// order (commit order when the key's writers are serialised). It costs
+	// throughput on that key; see docs/outbox.md.
 	OrderingKey string
 	// DeliveryMode is amqp.Persistent (the default, when zero) or amqp.Transient.
 	DeliveryMode uint8

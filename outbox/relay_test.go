@@ -410,7 +410,7 @@ func TestRelayConfirmTimeout(t *testing.T) {
 	}
 }
 
-// Messages with an ordering key reach the queue in commit order per key,
+// Messages with an ordering key reach the queue in order per key,
 // with three relays competing, while unordered messages flow around them.
 func TestRelayOrderingKey(t *testing.T) {
 	t.Parallel()
