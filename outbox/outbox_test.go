@@ -129,6 +129,20 @@ func TestEnqueueWithoutClaim(t *testing.T) {
 	if b := e.backlog(t); b.Pending != 1 {
 		t.Fatalf("pending = %d after a rollback, want 1", b.Pending)
 	}
+	// COPY writes the same columns as INSERT.
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return e.ob.EnqueueBatch(ctx, tx, []outbox.Message{{RoutingKey: "q", MessageID: "copied", Headers: amqp.Table{"n": int64(7), "b": []byte("x")}, OrderingKey: "k"}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var headers, orderingKey string
+	if err := e.pool.QueryRow(ctx, "SELECT headers::text, ordering_key FROM "+e.schema+".outbox WHERE message_id = 'copied'").Scan(&headers, &orderingKey); err != nil {
+		t.Fatal(err)
+	}
+	if headers != `{"b": {"t": "bytes", "v": "eA=="}, "n": {"t": "int64", "v": 7}}` || orderingKey != "k" {
+		t.Fatalf("copied row: headers %s, ordering key %q", headers, orderingKey)
+	}
 	if err := e.ob.Enqueue(ctx, nil, outbox.Message{}); err == nil {
 		t.Fatal("enqueue without a transaction succeeded")
 	}
