@@ -37,6 +37,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"malformed duration", []string{"gc", "--retention", "soon"}, nil, "invalid argument"},
 		{"malformed number", []string{"dlq", "list", "--queue", "q", "--limit", "many"}, nil, "invalid argument"},
 		{"invalid value", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--concurrency", "0"}, nil, "--concurrency 0"},
+		{"forward to itself", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", ""}, nil, "--to-routing-key"},
 		{"key missing", []string{"keys", "inspect", "--consumer", "c"}, nil, "exactly one KEY"},
 		{"stray argument", []string{"migrate", "now"}, nil, "takes no arguments"},
 		{"bad schema", []string{"migrate", "--schema", "Bad-Name"}, nil, "--schema"},
@@ -84,10 +85,13 @@ func TestHelpAndVersion(t *testing.T) {
 		{"relay", "--help"}, {"gc", "--help"}, {"keys", "inspect", "--help"}, {"dlq", "list", "--help"},
 		{"dlq", "replay", "--help"}, {"demo", "--help"}, {"bench", "--help"}, {"version", "--help"},
 	} {
-		r := mustRun(t, environ, args...)
-		if !strings.Contains(r.stdout, "Usage:") || !strings.Contains(r.stdout, "Examples:") {
-			t.Errorf("idemq %v: help without usage or examples:\n%s", args, r.stdout)
-		}
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			r := mustRun(t, environ, args...)
+			if !strings.Contains(r.stdout, "Usage:") || !strings.Contains(r.stdout, "Examples:") {
+				t.Errorf("idemq %v: help without usage or examples:\n%s", args, r.stdout)
+			}
+		})
 	}
 	if r := mustRun(t, environ, "version"); !strings.HasPrefix(r.stdout, "idemq ") {
 		t.Errorf("version: %s", r)

@@ -267,7 +267,7 @@ func group(use, short, long string, subs ...*cobra.Command) *cobra.Command {
 // noArgs rejects positional arguments as a usage error.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args[0])
+		return usagef("%s takes no arguments, got %q", strings.TrimPrefix(cmd.CommandPath(), "idemq "), args[0])
 	}
 	return nil
 }

@@ -82,6 +82,10 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				return usagef("--group-size %d must be at least 1 and --group-linger %s not negative", groupSize, groupLinger)
 			case lease != 0 && lease < time.Second:
 				return usagef("--lease %s must be at least 1s", lease)
+			case toExchange == "" && (toRoutingKey == "" || toRoutingKey == t.queue):
+				// The default exchange routes by queue name: without another
+				// routing key, every message would come back to Q.
+				return usagef("--to-exchange \"\" (the default exchange) needs --to-routing-key naming another queue than --queue")
 			case shutdownTimeout <= 0 || drainTimeout <= 0:
 				return usagef("--shutdown-timeout and --drain-timeout must be positive")
 			}

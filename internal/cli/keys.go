@@ -62,7 +62,7 @@ short hash is. Exits 1 with "key not found" when the key has no row.`,
   IDEMQ_JAEGER_URL=http://localhost:16686 idemq keys inspect --consumer charge order-42`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usagef("%s takes exactly one KEY, got %d arguments", cmd.CommandPath(), len(args))
+				return usagef("keys inspect takes exactly one KEY, got %d arguments", len(args))
 			}
 			return nil
 		},
