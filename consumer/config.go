@@ -57,6 +57,13 @@ type Config struct {
 	// once. A failing handler rolls back only its own effects and key. A
 	// BatchHandler always runs in groups (default size 100). Default 1.
 	GroupSize int
+	// GroupOptimistic runs a group's handlers without a savepoint each and
+	// completes all keys with one statement; if any handler fails, the
+	// group is rolled back and run again with savepoints. Fewer statements
+	// per message, but a handler may run twice for one delivery (its
+	// transactional writes count once): use it only for handlers whose
+	// effects all go through the transaction.
+	GroupOptimistic bool
 	// GroupLinger is how long a worker waits for a group to fill; 0 takes
 	// only what is already waiting, adding no latency.
 	GroupLinger time.Duration

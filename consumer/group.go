@@ -195,9 +195,13 @@ func (c *Consumer) runGroupTx(ctx context.Context, items []*item) []groupResult 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	if c.batchHandler != nil && c.runBatchOnce(ctx, tx, items, out) {
-		// The whole batch succeeded in one go.
-	} else {
+	var once bool
+	if c.batchHandler != nil {
+		once = c.runBatchOnce(ctx, tx, items, out)
+	} else if c.cfg.GroupOptimistic {
+		once = c.runOptimistic(ctx, tx, items, out)
+	}
+	if !once {
 		for i, it := range items {
 			if err := c.runOne(ctx, tx, it, &out[i]); err != nil {
 				// The shared transaction is broken: what ran before is lost
@@ -319,6 +323,62 @@ func (c *Consumer) runBatchOnce(ctx context.Context, tx pgx.Tx, items []*item, o
 	_ = sp.Rollback(context.WithoutCancel(ctx))
 	return false
 }
+
+// runOptimistic runs every handler of the group straight in the shared
+// transaction (under one savepoint for the whole pass) and completes all the
+// keys with one statement: one statement per message beyond the handler's
+// own. If any handler fails or any lease was lost, the pass is rolled back
+// and reports false; the caller then runs each handler again under its own
+// savepoint, so that only the failing one fails.
+func (c *Consumer) runOptimistic(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) bool {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	results := make([]dedup.Result, len(items))
+	leases := make([]*dedup.Lease, len(items))
+	for i, it := range items {
+		leases[i] = it.lease
+		hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+		hctx, hspan := c.tracer.Start(hctx, "idemq handler")
+		resp, herr := c.safeCall(c.withClaim(hctx, it.del), handlerTx{sp}, it.del)
+		var rej *RejectError
+		switch {
+		case herr == nil:
+			results[i] = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
+		case errors.As(herr, &rej):
+			results[i] = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}
+		default:
+			hspan.AddEvent("idemq.group_isolated")
+			hspan.End()
+			cancel()
+			_ = sp.Rollback(context.WithoutCancel(ctx))
+			return false
+		}
+		hspan.End()
+		cancel()
+	}
+	cctx, cspan := c.tracer.Start(ctx, "idemq complete")
+	defer cspan.End()
+	lost, err := c.store.CompleteBatch(cctx, sp, leases, results)
+	if err != nil || len(lost) > 0 || sp.Commit(cctx) != nil {
+		_ = sp.Rollback(context.WithoutCancel(ctx))
+		return false
+	}
+	for i := range out {
+		out[i] = groupResult{result: results[i]}
+	}
+	return true
+}
+
+// handlerTx is the shared transaction as a handler of a group sees it: the
+// runtime commits it, once, for the whole group.
+type handlerTx struct{ pgx.Tx }
+
+var errGroupTx = errors.New("the handler's transaction belongs to the runtime: it commits or rolls back for the whole group")
+
+func (handlerTx) Commit(context.Context) error   { return errGroupTx }
+func (handlerTx) Rollback(context.Context) error { return errGroupTx }
 
 func (c *Consumer) safeBatchCall(ctx context.Context, tx pgx.Tx, ds []*Delivery) (resps []Response, err error) {
 	defer func() {

@@ -66,8 +66,11 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 		ConnectionName:  "idemq-test-" + queue,
 		OnOutcome:       h.record,
 	}
-	if testMode() == "group" {
+	switch testMode() {
+	case "group":
 		h.cfg.GroupSize = 16
+	case "optimistic":
+		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
 	}
 	if mod != nil {
 		mod(&h.cfg)
@@ -270,7 +273,8 @@ type pgxPoolT = pgxpool.Pool
 var pgxNew = pgxpool.New
 
 // testMode is the consumer mode the tests run in: "single" (default),
-// "group" (group commit) or "batch" (a BatchHandler), from
+// "group" (group commit), "optimistic" (group commit without a savepoint
+// per handler) or "batch" (a BatchHandler), from
 // IDEMQ_TEST_CONSUMER_MODE. `make test` runs the package in every mode.
 func testMode() string {
 	if m := os.Getenv("IDEMQ_TEST_CONSUMER_MODE"); m != "" {

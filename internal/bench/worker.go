@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"sync"
@@ -268,6 +269,16 @@ func maybeWorker(ctx context.Context) (bool, error) {
 	spec := os.Getenv(workerEnv)
 	if spec == "" {
 		return false, nil
+	}
+	// IDEMQ_BENCH_CPUPROFILE=dir writes one CPU profile per worker there.
+	if dir := os.Getenv("IDEMQ_BENCH_CPUPROFILE"); dir != "" {
+		f, err := os.CreateTemp(dir, "worker-*.pprof")
+		if err == nil {
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
 	}
 	return true, runWorker(ctx, spec, os.Stdout)
 }
