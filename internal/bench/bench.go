@@ -34,7 +34,8 @@ type Options struct {
 	Messages int
 	// BodySize in bytes. Default 200.
 	BodySize int
-	// Concurrency (handlers) and Prefetch of every consumer. Defaults 8 and 64.
+	// Concurrency (handlers) and Prefetch of every consumer, the bare one
+	// included. Defaults 8 and 256.
 	Concurrency, Prefetch int
 	// MaxDuration bounds one throughput scenario. Default 15s.
 	MaxDuration time.Duration
@@ -60,7 +61,7 @@ func (o Options) withDefaults() Options {
 		o.Concurrency = 8
 	}
 	if o.Prefetch == 0 {
-		o.Prefetch = 64
+		o.Prefetch = 256
 	}
 	if o.MaxDuration == 0 {
 		o.MaxDuration = 15 * time.Second
@@ -92,6 +93,7 @@ type scenario struct {
 	mode       mode
 	groupSize  int
 	duplicates float64
+	optimistic bool
 	watermill  bool
 }
 
@@ -122,8 +124,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		{name: "bare amqp091-go consume+ack", mode: modeBare},
 		{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
 		{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
+		{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
 		{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
-		{name: "idemq group commit 32, 20% dup", mode: modeGroup, groupSize: 32, duplicates: 0.2},
+		{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
 		{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	}
 	if o.WatermillDir != "" {
@@ -169,9 +172,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 func printTable(out io.Writer, results []Result) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tmsg/s\tvs bare\tp50\tp99\tpeak RSS\tCPU/msg\t")
+	lat := func(d time.Duration) string {
+		if d == 0 {
+			return "n/a"
+		}
+		return d.Round(100 * time.Microsecond).String()
+	}
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%d MiB\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio,
-			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.PeakRSSKiB/1024, r.CPUPerMsg.Round(time.Microsecond))
+			lat(r.P50), lat(r.P99), r.PeakRSSKiB/1024, r.CPUPerMsg.Round(time.Microsecond))
 	}
 	tw.Flush()
 	fmt.Fprintln(out, "p50/p99: publish to ack of paced messages (idemq: after the effect's commit). msg/s: first delivery to last settle.")
@@ -280,10 +289,8 @@ func runScenario(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.
 		return Result{}, err
 	}
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Queue: queue,
-		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch, GroupSize: sc.groupSize}
-	if sc.mode == modeBatch || sc.mode == modeGroup {
-		spec.Prefetch = max(o.Prefetch, o.Concurrency*(sc.groupSize+1))
-	}
+		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch, GroupSize: sc.groupSize,
+		Optimistic: sc.optimistic}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error

@@ -44,7 +44,7 @@ func runSweep(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Con
 		}
 		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema,
 			Queue: queue, Count: n, MaxDuration: 5 * time.Second, Concurrency: p.Concurrency,
-			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize})
+			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize, Optimistic: true})
 		cleanupQueue(conn, queue)
 		if err != nil {
 			return nil, err

@@ -51,6 +51,7 @@ type workerSpec struct {
 	Concurrency int           `json:"concurrency"`
 	Prefetch    int           `json:"prefetch"`
 	GroupSize   int           `json:"group_size"`
+	Optimistic  bool          `json:"optimistic"`
 }
 
 // workerResult is what a worker prints on stdout.
@@ -199,7 +200,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	sent := map[string]amqp.Table{} // key hash → headers of paced messages
 	cfg := &consumer.Config{
 		URL: spec.AMQPURL, Queue: spec.Queue, Name: "bench", SkipDeclare: true,
-		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, GroupSize: spec.GroupSize,
+		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, GroupSize: spec.GroupSize, GroupOptimistic: spec.Optimistic,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) {
 			sentMu.Lock()
