@@ -111,7 +111,7 @@ func (c *Consumer) reserveAndRun(ctx context.Context, s *session, claimed []*ite
 	for i, it := range claimed {
 		claims[i] = it.claim
 	}
-	rctx, rspan := c.tracer.Start(ctx, "idemq reserve batch")
+	rctx, rspan := c.tracer.Start(ctx, "idemq reserve batch", groupLinks(claimed))
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
 	t0 := time.Now()
 	res, err := c.store.ReserveBatch(rctx, claims)
@@ -216,7 +216,7 @@ func (c *Consumer) runGroupTx(ctx context.Context, items []*item) []groupResult 
 			}
 		}
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq commit group")
+	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	defer cspan.End()
 	if err := tx.Commit(cctx); err != nil {
 		cspan.SetStatus(codes.Error, redact.Error(err))
@@ -283,7 +283,7 @@ func (c *Consumer) runOne(ctx context.Context, tx pgx.Tx, it *item, r *groupResu
 func (c *Consumer) runBatchOnce(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) bool {
 	hctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
 	defer cancel()
-	hctx, hspan := c.tracer.Start(hctx, "idemq batch handler")
+	hctx, hspan := c.tracer.Start(hctx, "idemq batch handler", groupLinks(items))
 	defer hspan.End()
 	hspan.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
 	sp, err := tx.Begin(hctx)
@@ -358,7 +358,7 @@ func (c *Consumer) runOptimistic(ctx context.Context, tx pgx.Tx, items []*item, 
 		hspan.End()
 		cancel()
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq complete")
+	cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(items))
 	defer cspan.End()
 	lost, err := c.store.CompleteBatch(cctx, sp, leases, results)
 	if err != nil || len(lost) > 0 || sp.Commit(cctx) != nil {
@@ -369,6 +369,16 @@ func (c *Consumer) runOptimistic(ctx context.Context, tx pgx.Tx, items []*item, 
 		out[i] = groupResult{result: results[i]}
 	}
 	return true
+}
+
+// groupLinks links a span of a whole group, which belongs to no single
+// delivery's trace, to the process span of each delivery of the group.
+func groupLinks(items []*item) trace.SpanStartOption {
+	links := make([]trace.Link, 0, len(items))
+	for _, it := range items {
+		links = append(links, trace.LinkFromContext(it.ctx))
+	}
+	return trace.WithLinks(links...)
 }
 
 // handlerTx is the shared transaction as a handler of a group sees it: the
