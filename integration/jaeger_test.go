@@ -306,14 +306,21 @@ func (j *jaeger) waitTrace(tb testing.TB, traceID string, timeout time.Duration,
 	return last
 }
 
-// waitFind polls /api/traces?service=&tags= until ok accepts the traces found.
-func (j *jaeger) waitFind(tb testing.TB, service string, tags map[string]string, timeout time.Duration, ok func([]jTrace) bool) []jTrace {
+// waitFind polls /api/traces?service=&operation=&tags= until ok accepts
+// the traces found. An empty operation or nil tags do not filter.
+func (j *jaeger) waitFind(tb testing.TB, service, operation string, tags map[string]string, timeout time.Duration, ok func([]jTrace) bool) []jTrace {
 	tb.Helper()
 	enc, err := json.Marshal(tags)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	q := url.Values{"service": {service}, "tags": {string(enc)}, "limit": {"50"}}
+	q := url.Values{"service": {service}, "limit": {"50"}}
+	if operation != "" {
+		q.Set("operation", operation)
+	}
+	if len(tags) > 0 {
+		q.Set("tags", string(enc))
+	}
 	var last []jTrace
 	var lastErr error
 	poll(tb, timeout, func(ctx context.Context) bool {

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,10 @@ func TestTracing(t *testing.T) {
 	t.Run("one trace across the outbox relay", func(t *testing.T) {
 		t.Parallel()
 		testTraceAcrossRelay(t, j)
+	})
+	t.Run("group commit links the group's spans to each delivery", func(t *testing.T) {
+		t.Parallel()
+		testGroupLinks(t, j)
 	})
 }
 
@@ -105,7 +111,7 @@ func testDuplicateLink(t *testing.T, j *jaeger) {
 	}
 
 	// The duplicate, found the way an operator finds it: by tag.
-	found := j.waitFind(t, service, map[string]string{"idemq.outcome": "duplicate"}, jaegerWait,
+	found := j.waitFind(t, service, "", map[string]string{"idemq.outcome": "duplicate"}, jaegerWait,
 		func(trs []jTrace) bool { return len(trs) == 1 })
 	dtr := found[0]
 	if !sameTraceID(dtr.TraceID, dup.TraceID) {
@@ -249,4 +255,52 @@ func (c carrier) Keys() []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+func testGroupLinks(t *testing.T, j *jaeger) {
+	e := newEnv(t)
+	service := "idemq-it-group-" + testdb.RandomHex(4)
+	tp := j.tracerProvider(t, service)
+	cfg, events := e.consumerConfig("it.trace.group", "grouped")
+	cfg.TracerProvider = tp
+	// One worker finds the three messages waiting: one group.
+	cfg.Concurrency, cfg.GroupSize, cfg.GroupLinger = 1, 3, 5*time.Second
+	for i := range 3 {
+		e.publish(cfg.Queue, fmt.Sprintf("g-%d", i), `{}`, nil)
+	}
+	e.run(cfg, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+		return consumer.Response{}, nil
+	})
+	traces := map[string]bool{}
+	for range 3 {
+		traces[waitOutcome(t, events, consumer.OutcomeProcessed).TraceID] = true
+	}
+	if len(traces) != 3 {
+		t.Fatalf("deliveries share traces: %v", traces)
+	}
+	flush(t, tp)
+
+	// Each delivery keeps its own trace: process span, its handler span.
+	processSpans := map[string]string{} // trace id -> process span id
+	for id := range traces {
+		tr := j.waitTrace(t, id, jaegerWait, func(tr jTrace) bool {
+			return len(tr.byName(cfg.Queue+" process")) == 1 && len(tr.byName("idemq handler")) == 1
+		})
+		processSpans[strings.ToLower(id)] = tr.byName(cfg.Queue + " process")[0].SpanID
+	}
+	// The group's commit is a span of its own, linked to the three.
+	found := j.waitFind(t, service, "idemq commit group", nil, jaegerWait, func(trs []jTrace) bool { return len(trs) == 1 })
+	for _, tr := range found {
+		for _, s := range tr.byName("idemq commit group") {
+			linked := map[string]bool{}
+			for _, r := range s.References {
+				if r.RefType == "FOLLOWS_FROM" && processSpans[strings.ToLower(r.TraceID)] == r.SpanID {
+					linked[r.TraceID] = true
+				}
+			}
+			if len(linked) != 3 {
+				t.Errorf("idemq commit group references %+v, want the 3 process spans %v", s.References, processSpans)
+			}
+		}
+	}
 }
