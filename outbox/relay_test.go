@@ -320,7 +320,11 @@ func TestRelayUnroutableParked(t *testing.T) {
 			t.Fatalf("routable message %s received %d times", id, ids[id])
 		}
 	}
-	waitFor(t, 30*time.Second, "both messages parked", func() bool { return e.backlog(t).Parked == 2 })
+	// A message reaches the queue before its row is marked: wait for both.
+	waitFor(t, 30*time.Second, "both messages parked, the others marked", func() bool {
+		b := e.backlog(t)
+		return b.Parked == 2 && b.Pending == 0
+	})
 
 	type parked struct {
 		id                int64
@@ -386,7 +390,7 @@ func TestRelayConfirmTimeout(t *testing.T) {
 	cfg.ConfirmTimeout = time.Nanosecond
 	cfg.RetryInitial, cfg.RetryMax = time.Hour, time.Hour
 	r := e.startRelay(t, cfg)
-	e.enqueueRows(t, 5, 1, 5, 0)
+	e.enqueueRows(t, 50, 1, 50, 0)
 	ctx := context.Background()
 	count := func(where string) int {
 		var n int
@@ -397,13 +401,13 @@ func TestRelayConfirmTimeout(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "an attempt on every row, and a fresh channel", func() bool {
 		s, _ := r.Stats(ctx)
-		return count("attempts = 1") == 5 && s.Reconnects >= 1
+		return count("attempts = 1") == 50 && s.Reconnects >= 1
 	})
 	s, err := r.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A confirm may beat the (1ns) timeout; every other row is kept.
+	// A confirm may beat the (1ns) timeout (not 50 of them); every other row is kept.
 	failed := count("published_at IS NULL AND last_error LIKE 'publisher confirm timed out%' AND available_at > now() + interval '30 minutes'")
 	if failed == 0 || int64(failed) != s.TimedOut || s.Backlog.Pending != int64(failed) || s.Reconnects < 1 {
 		t.Fatalf("after the timeout: %d rows kept, stats %+v", failed, s)
