@@ -35,6 +35,12 @@ type Config struct {
 	Retention time.Duration
 	// GCBatchSize bounds the rows one GC statement deletes. Default 1000.
 	GCBatchSize int
+	// DurableReservations makes reservations, releases and heartbeats wait
+	// for the WAL flush. Off by default: a reservation lost in a database
+	// crash only makes a key look absent, and the fenced completion turns
+	// that into a retry, never a double effect. Completions are always as
+	// durable as the handler's transaction.
+	DurableReservations bool
 	// HashKeys stores SHA-256 of each key instead of the key itself, so that
 	// personal data put into keys by careless publishers stays out of the table.
 	HashKeys bool

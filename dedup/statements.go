@@ -7,14 +7,23 @@ type statements struct {
 	reserveBatch, inspectBatch, extendBatch, completeBatch  string
 }
 
-func newStatements(schema string) statements {
+func newStatements(schema string, durable bool) statements {
 	t := schema + ".keys"
+	// Reservations, releases and heartbeats commit without waiting for the
+	// WAL flush unless durable: losing one in a database crash can only make
+	// a key look absent or expired, and every later write is fenced by the
+	// lease token, so the worst case is a retry, never a double effect.
+	// Completions commit with the caller's transaction, as durable as it is.
+	async, from := "WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))\n", " async,"
+	if durable {
+		async, from = "", ""
+	}
 	return statements{
 		// One statement decides the race: insert, or take over an expired
 		// lease of the same operation, or return nothing.
-		reserve: `INSERT INTO ` + t + ` AS k
+		reserve: async + `INSERT INTO ` + t + ` AS k
     (consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)
-VALUES ($1, $2, $3, 'in_progress', $4, $5, now() + $6::bigint * interval '1 microsecond', 1, $7, $8)
+SELECT $1, $2, $3, 'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * interval '1 microsecond', 1, $7::text, $8::text` + fromClause(from) + `
 ON CONFLICT (consumer, tenant, key) DO UPDATE
     SET lease_token  = excluded.lease_token,
         locked_until = excluded.locked_until,
@@ -32,12 +41,12 @@ SET state = 'completed', outcome = $5, response_code = $6, response = $7,
     lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
-		release: `UPDATE ` + t + `
-SET lease_token = NULL, locked_until = now(), updated_at = now()
+		release: async + `UPDATE ` + t + `
+SET lease_token = NULL, locked_until = now(), updated_at = now()` + fromClause(from) + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
-		extend: `UPDATE ` + t + `
-SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
+		extend: async + `UPDATE ` + t + `
+SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()` + fromClause(from) + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'
 RETURNING locked_until`,
 
@@ -53,12 +62,12 @@ FROM ` + t + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3`,
 
 		// The batch form of reserve: the same upsert over arrays.
-		reserveBatch: `INSERT INTO ` + t + ` AS k
+		reserveBatch: async + `INSERT INTO ` + t + ` AS k
     (consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)
 SELECT c.consumer, c.tenant, c.key, 'in_progress', c.fingerprint, c.token,
        now() + c.lease * interval '1 microsecond', 1, c.trace_id, c.span_id
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], $6::bigint[], $7::text[], $8::text[])
-     AS c(consumer, tenant, key, fingerprint, token, lease, trace_id, span_id)
+     AS c(consumer, tenant, key, fingerprint, token, lease, trace_id, span_id)` + crossJoin(from) + `
 -- One order for every batch, so that two batches never wait on each other's rows in a cycle.
 ORDER BY c.consumer, c.tenant, c.key
 ON CONFLICT (consumer, tenant, key) DO UPDATE
@@ -90,9 +99,9 @@ WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
 RETURNING c.token`,
 
-		extendBatch: `UPDATE ` + t + ` AS k
+		extendBatch: async + `UPDATE ` + t + ` AS k
 SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+FROM` + from + ` unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
 RETURNING k.lease_token, k.locked_until`,
@@ -108,4 +117,20 @@ RETURNING k.lease_token, k.locked_until`,
     WHERE state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 	}
+}
+
+// fromClause is " FROM async" when the statement reads the async CTE.
+func fromClause(from string) string {
+	if from == "" {
+		return ""
+	}
+	return "\nFROM async"
+}
+
+// crossJoin joins the async CTE into a FROM list.
+func crossJoin(from string) string {
+	if from == "" {
+		return ""
+	}
+	return ", async"
 }

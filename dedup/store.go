@@ -29,7 +29,7 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
-	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize())}, nil
+	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize(), c.DurableReservations)}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.

@@ -461,3 +461,29 @@ func TestMigrateTwiceAndFromConcurrentProcesses(t *testing.T) {
 		t.Fatalf("schema version %d of %d, %v", applied, known, err)
 	}
 }
+
+func TestDurableReservations(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t, 4, &dedup.Config{DurableReservations: true})
+	ctx := context.Background()
+	l := mustReserve(t, store, claim("durable-1", "b"), dedup.Acquired).Lease
+	if err := store.Extend(ctx, l, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	res, err := store.ReserveBatch(ctx, []dedup.Claim{claim("durable-1", "b"), claim("durable-2", "b")})
+	if err != nil || res[0].Decision != dedup.Acquired || res[0].Lease.Attempts != 2 || res[1].Decision != dedup.Acquired {
+		t.Fatalf("batch after release: %+v %v", res, err)
+	}
+	if lost, err := store.ExtendBatch(ctx, []*dedup.Lease{res[0].Lease, res[1].Lease}, 0); err != nil || len(lost) != 0 {
+		t.Fatalf("extend batch: %v %v", lost, err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return store.Complete(ctx, tx, res[1].Lease, dedup.Result{Outcome: dedup.OutcomeOK})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, store, claim("durable-2", "b"), dedup.Duplicate)
+}
