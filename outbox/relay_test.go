@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/idemq/idemq/internal/testamqp"
@@ -581,5 +583,47 @@ func TestRelayPoisonRowParked(t *testing.T) {
 	}
 	if got["poison"] != 0 {
 		t.Fatal("the poison message was delivered")
+	}
+}
+
+// With the broker unreachable the relay keeps retrying, logs without the
+// URL's password, and still stops at once when its context ends.
+func TestRelayBrokerDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	var logs syncBuffer
+	cfg := e.relayConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.ReconnectInitial, cfg.ReconnectMax = time.Millisecond, 5*time.Millisecond
+	cfg.Dial = func(context.Context) (*amqp.Connection, error) {
+		return nil, errors.New("dial amqp://relay:s3cret@broker.invalid:5672/: connection refused")
+	}
+	r, err := outbox.NewRelay(e.pool, "", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.enqueueRows(t, 3, 1, 3, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, 10*time.Second, "a few reconnect attempts", func() bool {
+		s, _ := r.Stats(context.Background())
+		return s.Reconnects >= 3
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay did not stop within 5s of its context's end")
+	}
+	if b := e.backlog(t); b.Pending != 3 {
+		t.Fatalf("pending = %d, want 3", b.Pending)
+	}
+	out := logs.String()
+	if strings.Contains(out, "s3cret") || !strings.Contains(out, "amqp://relay:xxxxx@broker.invalid") {
+		t.Fatalf("logs do not redact the password:\n%s", out)
 	}
 }
