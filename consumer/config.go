@@ -17,6 +17,7 @@ import (
 // Defaults used where a Config leaves a field zero.
 const (
 	DefaultConcurrency     = 8
+	DefaultGroupSize       = 16
 	DefaultMaxAttempts     = 5
 	DefaultDeliveryLimit   = 20
 	DefaultHandlerTimeout  = time.Minute
@@ -51,11 +52,13 @@ type Config struct {
 	// Prefetch is the channel's QoS prefetch count. Default
 	// Concurrency × max(2, GroupSize+1).
 	Prefetch int
-	// GroupSize > 1 turns on group commit: a worker takes up to GroupSize
-	// waiting deliveries, reserves their keys with one statement, runs each
-	// handler under its own savepoint of one shared transaction and commits
-	// once. A failing handler rolls back only its own effects and key. A
-	// BatchHandler always runs in groups (default size 100). Default 1.
+	// GroupSize is group commit: a worker takes up to GroupSize waiting
+	// deliveries (only those already waiting, unless GroupLinger), reserves
+	// their keys with one statement, runs each handler under its own
+	// savepoint of one shared transaction and commits once. A failing handler
+	// rolls back only its own effects and key; each handler runs once per
+	// delivery. 1 turns it off (one transaction per message). A BatchHandler
+	// always runs in groups (default size 100). Default 16.
 	GroupSize int
 	// GroupOptimistic runs a group's handlers without a savepoint each and
 	// completes all keys with one statement; if any handler fails, the
@@ -139,7 +142,7 @@ func (c *Config) WithDefaults() Config {
 		out = *c
 	}
 	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
-	out.GroupSize = max(out.GroupSize, 1)
+	out.GroupSize = cmp.Or(out.GroupSize, DefaultGroupSize)
 	out.Prefetch = cmp.Or(out.Prefetch, out.Concurrency*max(2, out.GroupSize+1))
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
@@ -171,6 +174,9 @@ func (c Config) validate() error {
 	}
 	if c.Name == "" {
 		errs = append(errs, errors.New("Name (the consumer's stable scope) is required"))
+	}
+	if c.GroupSize < 1 {
+		errs = append(errs, fmt.Errorf("group size %d must be positive", c.GroupSize))
 	}
 	if c.Concurrency < 1 || c.Prefetch < 1 {
 		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))

@@ -67,8 +67,8 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 		OnOutcome:       h.record,
 	}
 	switch testMode() {
-	case "group":
-		h.cfg.GroupSize = 16
+	case "single":
+		h.cfg.GroupSize = 1
 	case "optimistic":
 		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
 	}
@@ -272,15 +272,16 @@ type pgxPoolT = pgxpool.Pool
 
 var pgxNew = pgxpool.New
 
-// testMode is the consumer mode the tests run in: "single" (default),
-// "group" (group commit), "optimistic" (group commit without a savepoint
-// per handler) or "batch" (a BatchHandler), from
+// testMode is the consumer mode the tests run in: "group" (the default:
+// group commit with a savepoint per handler), "single" (one transaction per
+// message), "optimistic" (group commit without a savepoint per handler) or
+// "batch" (a BatchHandler), from
 // IDEMQ_TEST_CONSUMER_MODE. `make test` runs the package in every mode.
 func testMode() string {
 	if m := os.Getenv("IDEMQ_TEST_CONSUMER_MODE"); m != "" {
 		return m
 	}
-	return "single"
+	return "group"
 }
 
 // asBatch turns a per-message handler into a batch handler over the same
