@@ -1,9 +1,19 @@
 package consumer
 
-import "context"
+import (
+	"context"
 
-// withClaim prepares the handler's context: the outbox reads the claim from
-// it to derive deterministic message ids.
+	"github.com/idemq/idemq/outbox"
+)
+
+// withClaim prepares the handler's context: outbox.Enqueue reads the claim
+// from it, so that the messages a handler enqueues get ids derived from its
+// key (the same on every retry) and land in the store's schema.
 func (c *Consumer) withClaim(ctx context.Context, del *Delivery) context.Context {
-	return ctx
+	return outbox.WithClaim(ctx, outbox.Claim{
+		Schema:   c.store.Config().Schema,
+		Consumer: c.cfg.Name,
+		Tenant:   del.Tenant,
+		Key:      del.Key,
+	})
 }

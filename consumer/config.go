@@ -119,6 +119,9 @@ type Config struct {
 	// Fingerprint computes the operation's fingerprint; default: the whole body.
 	Fingerprint dedup.Fingerprinter
 
+	// NoReply stops the runtime from answering reply_to with the stored
+	// response (for stages that forward the message to the real handler).
+	NoReply bool
 	// AllowShortRetention turns the retention guard's refusal into a warning.
 	AllowShortRetention bool
 	// LogKeys puts raw keys into logs and spans (off: a short hash only).

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/outbox"
 )
 
 // Handler handles one delivery. Whatever it writes in tx commits together
@@ -47,6 +48,14 @@ type Delivery struct {
 	Exchange      string
 	RoutingKey    string
 	Timestamp     time.Time
+	// The other AMQP properties, for stages that forward the message.
+	ContentEncoding string
+	DeliveryMode    uint8
+	Priority        uint8
+	Expiration      string
+	Type            string
+	UserID          string
+	AppID           string
 
 	lease *dedup.Lease
 	store *dedup.Store
@@ -63,8 +72,10 @@ func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
 
 // Step runs one atomic phase in its own transaction, committed with the
 // recovery point name; a retry skips it once committed. See dedup.Store.Step.
+// Messages the step enqueues to the outbox get ids derived from the step,
+// so a retry that skips committed steps cannot reuse them.
 func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return d.store.Step(ctx, d.lease, name, fn)
+	return d.store.Step(outbox.WithStep(ctx, name), d.lease, name, fn)
 }
 
 // DerivedKey returns a deterministic key for one step of this operation, to

@@ -20,6 +20,10 @@ import (
 // after its handler, even when the handler's context is gone.
 const settleTimeout = 30 * time.Second
 
+// busyRecheck bounds how long a copy that found its key busy waits before
+// it looks again.
+const busyRecheck = 5 * time.Second
+
 // item is one delivery on its way to an outcome.
 type item struct {
 	d       *amqp.Delivery
@@ -158,7 +162,9 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		return false
 	case dedup.Busy:
 		it.ev.Outcome = OutcomeInProgress
-		wait := time.Until(derefTime(res.Record.LockedUntil))
+		// Come back when the lease ends, but look again within busyRecheck:
+		// the holder usually finishes long before its lease would expire.
+		wait := min(time.Until(derefTime(res.Record.LockedUntil)), busyRecheck)
 		it.ev = c.retryLater(ctx, s, d, it.ev, it.attempt, c.topo.TierAtLeast(wait), nil)
 		return false
 	case dedup.KeyReuse:
@@ -171,7 +177,9 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
 		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
 		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
-		Timestamp: d.Timestamp, lease: res.Lease, store: c.store,
+		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
+		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
+		lease: res.Lease, store: c.store,
 	}
 	return true
 }
@@ -420,7 +428,7 @@ func (c *Consumer) ack(d *amqp.Delivery, ev Event) Event {
 // Best effort: a lost reply is recovered by resending the request, which
 // gets the stored response again.
 func (c *Consumer) reply(ctx context.Context, s *session, d *amqp.Delivery, r *dedup.Result) {
-	if d.ReplyTo == "" || r == nil {
+	if d.ReplyTo == "" || r == nil || c.cfg.NoReply {
 		return
 	}
 	msg := amqp.Publishing{
