@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
@@ -34,14 +37,19 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	otel.SetTextMapPropagator(telemetry.Propagator())
 	// Off and on alternate, overheadRounds times, so that both modes see the
 	// same machine load.
-	for range overheadRounds {
+	rounds := overheadRounds
+	if v, err := strconv.Atoi(os.Getenv("IDEMQ_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	for range rounds {
 		for _, mode := range []string{"off", "on"} {
 			b.Run(mode, func(b *testing.B) { benchConsumer(b, j, mode == "on") })
 		}
 	}
 }
 
-// overheadRounds is how many times BenchmarkTracingOverhead runs each mode.
+// overheadRounds is how many times BenchmarkTracingOverhead runs each mode,
+// unless IDEMQ_BENCH_ROUNDS says otherwise.
 const overheadRounds = 3
 
 // benchConsumer times one consumer draining b.N messages.
@@ -134,4 +142,57 @@ func publishMany(b *testing.B, e *env, queue string, n int) {
 		}
 	}
 	wait()
+}
+
+// BenchmarkSpanCost isolates the CPU cost of tracing one delivery, without
+// Postgres or RabbitMQ: the span tree the consumer makes for a processed
+// message (process span with its attributes, reserve, handler, complete,
+// W3C extraction from headers), with the no-op provider and with the SDK
+// exporting over OTLP gRPC to the local Jaeger (batch span processor; the
+// queue is flushed before the clock stops).
+//
+//	go test -run '^$' -bench SpanCost -benchmem ./integration/
+func BenchmarkSpanCost(b *testing.B) {
+	j := startJaeger(b)
+	prop := telemetry.Propagator()
+	for _, mode := range []string{"off", "on"} {
+		b.Run(mode, func(b *testing.B) {
+			var tp trace.TracerProvider = tracenoop.NewTracerProvider()
+			flushSpans := func() {}
+			if mode == "on" {
+				sdk := j.tracerProvider(b, "idemq-bench-spans-"+testdb.RandomHex(4))
+				tp, flushSpans = sdk, func() { flush(b, sdk) }
+			}
+			tracer := tp.Tracer("github.com/idemq/idemq/consumer")
+			headers := amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				ctx := prop.Extract(context.Background(), carrier(headers))
+				ctx, span := tracer.Start(ctx, "orders process", trace.WithSpanKind(trace.SpanKindConsumer),
+					trace.WithAttributes(
+						attribute.String("messaging.system", "rabbitmq"),
+						attribute.String("messaging.operation.type", "process"),
+						attribute.String("messaging.destination.name", "orders"),
+						attribute.String("messaging.rabbitmq.destination.routing_key", "orders"),
+						attribute.String("messaging.consumer.group.name", "payments"),
+						attribute.Int("messaging.message.body.size", 64),
+						attribute.Int("idemq.attempt", 1),
+					))
+				span.SetAttributes(attribute.String("idemq.key_hash", "3683a2f26793"), attribute.String("idemq.tenant", ""))
+				_, rs := tracer.Start(ctx, "idemq reserve")
+				rs.SetAttributes(attribute.String("idemq.decision", "acquired"))
+				rs.End()
+				_, hs := tracer.Start(ctx, "idemq handler")
+				hs.End()
+				_, cs := tracer.Start(ctx, "idemq complete")
+				cs.End()
+				span.SetAttributes(attribute.String("idemq.outcome", "processed"))
+				span.End()
+			}
+			flushSpans()
+			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(b.N)/1e3, "cpu-µs/op")
+		})
+	}
 }
