@@ -118,6 +118,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				KeyHeader:       keyHeader,
 				Logger:          a.log,
 				ConnectionName:  "idemq-forward-" + name,
+				// The stage forwards; the requester's reply comes from downstream.
+				NoReply: true,
 			}
 			cfg := a.amqpConfig(ccfg.ConnectionName)
 			ccfg.AMQPConfig = &cfg
@@ -141,7 +143,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.StringVar(&toExchange, "to-exchange", "", "exchange the messages are forwarded to; \"\" is the default exchange (required)")
 	f.StringVar(&toRoutingKey, "to-routing-key", "", "routing key of the forwarded messages (default: the one each message was first published with)")
 	f.IntVar(&concurrency, "concurrency", consumer.DefaultConcurrency, "messages handled at once")
-	f.IntVar(&groupSize, "group-size", 1, "group commit: handle up to this many waiting messages in one transaction (one savepoint each)")
+	f.IntVar(&groupSize, "group-size", consumer.DefaultGroupSize, "group commit: handle up to this many waiting messages in one transaction (one savepoint each); 1 for one transaction per message")
 	f.DurationVar(&groupLinger, "group-linger", 0, "how long a worker waits for a group to fill (0: take only what is waiting)")
 	f.DurationVar(&lease, "lease", dedup.DefaultLease, "lease of a claimed key: a crashed forwarder's keys are taken over after it")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", consumer.DefaultShutdownTimeout, "how long the messages in hand may take to finish after a signal")

@@ -205,14 +205,20 @@ func Message(d *consumer.Delivery, exchange, routingKey string) outbox.Message {
 		routingKey = OriginalRoutingKey(d)
 	}
 	return outbox.Message{
-		Exchange:      exchange,
-		RoutingKey:    routingKey,
-		Headers:       Headers(d.Headers),
-		Body:          d.Body,
-		ContentType:   d.ContentType,
-		MessageID:     cmp.Or(d.MessageID, d.Key),
-		CorrelationID: d.CorrelationID,
-		ReplyTo:       d.ReplyTo,
+		Exchange:        exchange,
+		RoutingKey:      routingKey,
+		Headers:         Headers(d.Headers),
+		Body:            d.Body,
+		ContentType:     d.ContentType,
+		MessageID:       cmp.Or(d.MessageID, d.Key),
+		CorrelationID:   d.CorrelationID,
+		ReplyTo:         d.ReplyTo,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    d.DeliveryMode,
+		Priority:        d.Priority,
+		Expiration:      d.Expiration,
+		Type:            d.Type,
+		AppID:           d.AppID,
 	}
 }
 
