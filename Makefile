@@ -54,10 +54,10 @@ demo: up ## Run the payments scenario end to end (idemq demo)
 	$(GO) run ./cmd/idemq demo $(ARGS)
 
 bench: up ## Run the benchmark of docs/benchmarks.md (idemq bench)
-	$(GO) run ./cmd/idemq bench $(ARGS)
+	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)
 
-chaos: up ## Chaos tests: crashes, broker and database restarts (build tag chaos)
-	cd $(CHAOS_DIR) && $(GO) test -race -count=1 -timeout 60m -tags chaos $(TESTFLAGS) $(CHAOS_PKGS)
+chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
+	cd $(CHAOS_DIR) && $(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) $(CHAOS_PKGS)
 
 build: ## Build the idemq binary into bin/idemq
 	$(GO) build -o bin/idemq ./cmd/idemq

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,10 +59,6 @@ type services struct {
 	// rabbitNode is passed to rabbitmqctl -n ("" = its default node).
 	rabbitNode string
 	rabbitEnv  []string
-
-	mu sync.Mutex
-	// broken records what a fault left down, so that restore brings it back.
-	pgDown, brokerDown bool
 }
 
 // newServices returns the services of IDEMQ_CHAOS_SERVICES (private by
@@ -210,7 +205,6 @@ func (s *services) pgctl(ctx context.Context, args ...string) error {
 // pgStart starts the cluster unless it runs, and waits until it answers.
 func (s *services) pgStart(ctx context.Context) error {
 	if s.pgAnswers(ctx) {
-		s.setPGDown(false)
 		return nil
 	}
 	if err := s.pgctl(ctx, "start"); err != nil && !s.pgAnswers(ctx) {
@@ -220,7 +214,6 @@ func (s *services) pgStart(ctx context.Context) error {
 	if err := waitUntil(ctx, 2*time.Minute, func() bool { return s.pgAnswers(ctx) }); err != nil {
 		return fmt.Errorf("Postgres %s/%s does not answer after start: %w", s.pgVersion, s.pgCluster, err)
 	}
-	s.setPGDown(false)
 	return nil
 }
 
@@ -236,7 +229,6 @@ func (s *services) pgAnswers(ctx context.Context) bool {
 }
 
 func (s *services) pgRestartFast(ctx context.Context) error {
-	s.setPGDown(true)
 	if err := s.pgctl(ctx, "restart", "-m", "fast"); err != nil {
 		return fmt.Errorf("restart Postgres: %w", err)
 	}
@@ -244,7 +236,6 @@ func (s *services) pgRestartFast(ctx context.Context) error {
 }
 
 func (s *services) pgStopImmediate(ctx context.Context) error {
-	s.setPGDown(true)
 	if err := s.pgctl(ctx, "stop", "-m", "immediate"); err != nil {
 		return fmt.Errorf("stop Postgres: %w", err)
 	}
@@ -267,12 +258,6 @@ FROM pg_stat_activity WHERE starts_with(application_name, $1) AND pid <> pg_back
 	return n, err
 }
 
-func (s *services) setPGDown(v bool) {
-	s.mu.Lock()
-	s.pgDown = v
-	s.mu.Unlock()
-}
-
 // ---------------------------------------------------------------- RabbitMQ
 
 func (s *services) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
@@ -286,7 +271,6 @@ func (s *services) rabbitmqctl(ctx context.Context, args ...string) (string, err
 // they run, and waits until the broker takes AMQP connections.
 func (s *services) brokerStart(ctx context.Context) error {
 	if s.amqpAnswers() {
-		s.setBrokerDown(false)
 		return nil
 	}
 	if s.mode == "private" {
@@ -312,7 +296,6 @@ func (s *services) brokerStart(ctx context.Context) error {
 	if err := waitUntil(ctx, 2*time.Minute, s.amqpAnswers); err != nil {
 		return fmt.Errorf("RabbitMQ does not take connections after start: %w", err)
 	}
-	s.setBrokerDown(false)
 	return nil
 }
 
@@ -326,7 +309,6 @@ func (s *services) amqpAnswers() bool {
 }
 
 func (s *services) brokerStopApp(ctx context.Context) error {
-	s.setBrokerDown(true)
 	if _, err := s.rabbitmqctl(ctx, "stop_app"); err != nil {
 		return fmt.Errorf("rabbitmqctl stop_app: %w", err)
 	}
@@ -336,12 +318,6 @@ func (s *services) brokerStopApp(ctx context.Context) error {
 func (s *services) brokerCloseAll(ctx context.Context) error {
 	_, err := s.rabbitmqctl(ctx, "close_all_connections", "closed by the idemq chaos soak")
 	return err
-}
-
-func (s *services) setBrokerDown(v bool) {
-	s.mu.Lock()
-	s.brokerDown = v
-	s.mu.Unlock()
 }
 
 // ---------------------------------------------------------------- helpers

@@ -1,0 +1,71 @@
+// Package chaos is idemq's soak test: "nothing lost, nothing doubled"
+// while the processes, the broker, the database and the network fail.
+// It has no code of its own; everything is in its tests.
+//
+// # What it runs
+//
+// A plan of N messages (30% duplicates, some in bursts of 20 copies
+// published at once from 20 goroutines; 1% poison; 2% business rejections;
+// 5% of the operations failing with an infrastructure error on their first
+// attempt or two; four tenants, some with odd characters; some keys in the
+// Idempotency-Key header) is published with confirms. Several worker
+// processes (the test binary started again with IDEMQ_CHAOS_WORKER set)
+// consume it with consumer.Consumer: one handles a delivery at a time, one
+// uses group commit, one optimistic group commit. The handler writes a
+// ledger row and forwards the message through the transactional outbox
+// (outbox.Enqueue in the handler's transaction) to an exchange bound to an
+// output queue; each worker also runs an outbox.Relay. The workers reach
+// Postgres and RabbitMQ through toxiproxy.
+//
+// While it runs, faults are injected at random, bounded intervals: SIGKILL
+// of a worker (then a restart), rabbitmqctl close_all_connections,
+// rabbitmqctl stop_app / start_app, pg_terminate_backend of the workers'
+// sessions (found by their application_name), a Postgres restart (-m fast)
+// and a stop -m immediate followed by a start, and toxiproxy toxics on
+// either proxy: latency, timeout (a black hole) and reset_peer. Each fault
+// restores what it broke before the next one, and the test's cleanups
+// restore everything again (start_app, Postgres start, toxics removed),
+// also after a failure.
+//
+// # What it checks
+//
+// At the end, from the database and the queues: every operation ended as
+// its kind says — processed (exactly one ledger row, its key completed, one
+// outbox row, its claim-derived message_id on the output queue with the
+// body it was sent with), rejected (completed, no effect) or dead-lettered
+// (in the DLQ with reason permanent_error and an error text); no key has two
+// effects and no effect lacks its operation; no key is left under a lease;
+// the outbox is drained; the work queue and the retry tiers are empty; the
+// DLQ holds only the poison messages; the output queue holds only known
+// message ids (copies of one id are allowed: the relay publishes at least
+// once). It prints a report: messages, effects, outcomes, retries, faults by
+// kind with the recovery time after each one, and fails on any loss or
+// double, on a stall, on a worker that exits by itself, and on a data race
+// or panic in a worker's log.
+//
+// # The two sizes
+//
+// TestSoakShort runs in every go test ./...: 3,000 messages, three workers,
+// every fault kind once, in about a minute and a half. TestSoak, behind the
+// build tag chaos (make chaos), publishes 50,000 messages by default
+// (-chaos.messages or IDEMQ_CHAOS_MESSAGES) through four workers and injects
+// faults until every message has settled. IDEMQ_CHAOS_SEED replays a plan
+// and a fault sequence; IDEMQ_CHAOS_REPORT names a file for the report.
+//
+// # Services
+//
+// The faults would break every other test using the same Postgres and
+// RabbitMQ, and go test ./... runs packages in parallel. So by default
+// the soak uses services of its own, created on first use and left running:
+// a Postgres cluster "15 idemqchaos" on 127.0.0.1:5442 (pg_createcluster)
+// and a RabbitMQ node idemq-chaos@localhost on 127.0.0.1:5682 (data under
+// /var/lib/rabbitmq/idemq-chaos). It needs the Debian postgresql and
+// rabbitmq-server packages, and root (or the postgres and rabbitmq users'
+// rights). IDEMQ_CHAOS_SERVICES=shared runs the faults against the services
+// of IDEMQ_TEST_POSTGRES_URL and IDEMQ_TEST_AMQP_URL instead (cluster
+// IDEMQ_CHAOS_PG_CLUSTER, default "15 main"; node IDEMQ_CHAOS_RABBIT_NODE),
+// on a machine that runs nothing else.
+//
+// toxiproxy-server is built once by toxiproxy/build.sh, from a module of
+// its own, into ~/.cache/idemq; IDEMQ_CHAOS_TOXIPROXY names a prebuilt one.
+package chaos

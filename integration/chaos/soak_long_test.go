@@ -1,0 +1,41 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"flag"
+	"testing"
+	"time"
+)
+
+var (
+	messagesFlag = flag.Int("chaos.messages", 0, "messages the soak publishes (default 50000, or IDEMQ_CHAOS_MESSAGES)")
+	workersFlag  = flag.Int("chaos.workers", 0, "worker processes (default 4, or IDEMQ_CHAOS_WORKERS)")
+)
+
+// TestSoak is the long soak (make chaos): 50,000 messages by default
+// through four worker processes while faults of every kind are injected at
+// random intervals until every message has settled. Change the size with
+// -chaos.messages or IDEMQ_CHAOS_MESSAGES.
+func TestSoak(t *testing.T) {
+	messages := *messagesFlag
+	if messages == 0 {
+		messages = intEnv(t, "IDEMQ_CHAOS_MESSAGES", 50000)
+	}
+	workers := *workersFlag
+	if workers == 0 {
+		workers = intEnv(t, "IDEMQ_CHAOS_WORKERS", 4)
+	}
+	runSoak(t, soakOptions{
+		Messages:     messages,
+		Workers:      workers,
+		Concurrency:  8,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 0)),
+		FaultGap:     [2]time.Duration{5 * time.Second, 20 * time.Second},
+		EveryKind:    true,
+		Timeout:      55 * time.Minute,
+		StallTimeout: 4 * time.Minute,
+		LeaseMS:      5000,
+	})
+}

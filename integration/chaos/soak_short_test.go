@@ -1,0 +1,27 @@
+//go:build !chaos
+
+package chaos
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSoakShort is the soak in brief, part of every go test ./...: a few
+// thousand messages through three worker processes while every kind of
+// fault is injected at least once. The long soak is TestSoak (build tag
+// chaos, make chaos).
+func TestSoakShort(t *testing.T) {
+	runSoak(t, soakOptions{
+		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 3000),
+		Workers:      3,
+		Concurrency:  4,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  35,
+		FaultGap:     [2]time.Duration{time.Second, 3 * time.Second},
+		EveryKind:    true,
+		Timeout:      8 * time.Minute,
+		StallTimeout: 2 * time.Minute,
+		LeaseMS:      4000,
+	})
+}

@@ -1,0 +1,702 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+// soakOptions shape one soak run.
+type soakOptions struct {
+	// Messages is how many messages to publish, duplicates included.
+	Messages int
+	// Workers is the number of worker processes, Concurrency their handlers each.
+	Workers, Concurrency int
+	Seed                 uint64
+	// PublishRate bounds the publisher (messages per second; 0: as fast as
+	// it goes), so that the work spans the faults.
+	PublishRate float64
+	// FaultGap bounds the random pause between two faults.
+	FaultGap [2]time.Duration
+	// EveryKind injects each fault kind at least once, in random order,
+	// before the kinds are drawn at random.
+	EveryKind bool
+	// Timeout bounds the whole run; StallTimeout the time without any
+	// progress while work remains.
+	Timeout, StallTimeout time.Duration
+	// LeaseMS is the key lease of the workers: how fast a killed worker's
+	// keys are taken over.
+	LeaseMS int
+}
+
+// consumerName is the scope of the soak's keys.
+const consumerName = "chaos-forwarder"
+
+// soak is one run: its services, its schema and queues, its workers.
+type soak struct {
+	t       testing.TB
+	o       soakOptions
+	svc     *services
+	tp      *toxiproxy
+	rng     *rand.Rand
+	runID   string
+	logDir  string
+	schema  string
+	queue   string
+	outX    string
+	outQ    string
+	pool    *pgxpool.Pool
+	plan    plan
+	topo    consumer.Topology
+	workerT workerConfig // template of the workers' configuration
+
+	mu       sync.Mutex
+	workers  []*workerProc
+	restarts int
+	problems []string // failures seen while running (unexpected exits)
+
+	faults   []*faultRecord
+	faultMu  sync.Mutex
+	pub      *publisher
+	insp     *inspector
+	lastMove atomic.Int64 // unix nanos of the last progress
+	started  time.Time
+}
+
+// runSoak runs the whole soak and fails t on any loss or double.
+func runSoak(t *testing.T, o soakOptions) {
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
+	}
+	s := &soak{t: t, o: o, rng: rand.New(rand.NewPCG(o.Seed, 7)), runID: testdb.RandomHex(4), started: time.Now()}
+	if d, ok := t.Deadline(); ok && time.Until(d)-2*time.Minute < s.o.Timeout {
+		// Leave time for the report and the cleanups before go test panics.
+		s.o.Timeout = max(time.Until(d)-2*time.Minute, time.Minute)
+	}
+	s.setup()
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
+	defer cancel()
+
+	s.plan = buildPlan(o.Messages, o.Seed)
+	t.Logf("soak %s: seed %d, %d messages (%d ops, %d duplicates, %d bursts of %d), %d workers × %d, services %s, logs in %s",
+		s.runID, o.Seed, s.plan.Total, len(s.plan.Ops), s.plan.Duplicates, s.plan.Bursts, burstSize,
+		o.Workers, o.Concurrency, s.svc.mode, s.logDir)
+	s.lastMove.Store(time.Now().UnixNano())
+	for i := range o.Workers {
+		s.startWorker(i)
+	}
+	s.pub = newPublisher(s.svc.amqpURL, s.queue, &s.plan, o.PublishRate)
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- s.pub.run(ctx) }()
+	monCtx, monStop := context.WithCancel(ctx)
+	var monWG sync.WaitGroup
+	monWG.Go(func() { s.monitor(monCtx) })
+
+	stalled := s.injectFaults(ctx)
+	var pubErr error
+	if !stalled {
+		pubErr = s.waitPublisher(ctx, pubDone)
+	}
+	settled := !stalled && pubErr == nil && s.drain(ctx)
+	monStop()
+	monWG.Wait()
+	s.stopWorkers()
+	if settled {
+		// Workers may have held prefetched messages that no queue counter
+		// shows; stopped, they returned them. Run again until nothing is left.
+		for round := 0; round < 3 && !s.quiet(ctx); round++ {
+			t.Logf("soak: messages left after the workers stopped; running them again (round %d)", round+1)
+			for i := range o.Workers {
+				s.startWorker(i)
+			}
+			settled = s.drain(ctx)
+			s.stopWorkers()
+		}
+	}
+
+	rep := s.verify(ctx)
+	rep.Settled = settled
+	rep.PublishErr = pubErr
+	if !settled {
+		rep.Failures = append(rep.Failures, "the run did not settle: "+s.diagnose(ctx))
+	}
+	text := rep.String()
+	t.Log("\n" + text)
+	if path := os.Getenv("IDEMQ_CHAOS_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Errorf("write report: %v", err)
+		}
+	}
+	if len(rep.Failures) > 0 {
+		s.logTails()
+		t.Fatalf("soak failed: %d problem(s), first: %s", len(rep.Failures), rep.Failures[0])
+	}
+}
+
+// setup starts the services and toxiproxy, migrates a fresh schema and
+// declares the queues.
+func (s *soak) setup() {
+	t := s.t
+	s.svc = newServices(t)
+	dir, err := os.MkdirTemp("", "idemq-chaos-"+s.runID+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.logDir = dir
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("soak: logs kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	s.tp = startToxiproxy(t, dir)
+	pgProxy := s.tp.proxy(t, "postgres", s.svc.pgHostPort)
+	amqpProxy := s.tp.proxy(t, "rabbitmq", s.svc.amqpHostPort)
+	t.Cleanup(func() {
+		if err := s.tp.removeAllToxics(); err != nil {
+			t.Errorf("chaos: remove toxics: %v", err)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(s.svc.pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 6
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idemq-chaos-" + s.runID + "-soak"
+	s.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.pool.Close)
+	s.schema = "idemq_chaos_" + s.runID
+	if err := dedup.Migrate(ctx, s.pool, s.schema); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	sch := pgx.Identifier{s.schema}.Sanitize()
+	_, err = s.pool.Exec(ctx, `
+-- The effect: one row per processed message. No unique constraint: the key
+-- store is what must prevent a double, and the soak counts any.
+CREATE TABLE `+sch+`.ledger (
+    tenant text NOT NULL, key text NOT NULL, op integer NOT NULL,
+    worker integer NOT NULL, attempt integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE `+sch+`.stats (
+    incarnation text NOT NULL, outcome text NOT NULL, n bigint NOT NULL,
+    PRIMARY KEY (incarnation, outcome)
+);`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("soak: schema %s kept", s.schema)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.pool.Exec(ctx, "DROP SCHEMA "+sch+" CASCADE"); err != nil {
+			t.Logf("soak: drop schema: %v", err)
+		}
+	})
+
+	s.queue = "idemq-chaos." + s.runID
+	s.outX, s.outQ = s.queue+".forwarded", s.queue+".forwarded.q"
+	s.workerT = workerConfig{
+		Name:        consumerName,
+		PostgresURL: withHostPort(s.svc.pgURL, pgProxy),
+		AMQPURL:     withHostPort(s.svc.amqpURL, amqpProxy),
+		StatsURL:    s.svc.pgURL,
+		Schema:      s.schema,
+		Queue:       s.queue,
+		OutExchange: s.outX,
+		Concurrency: s.o.Concurrency,
+		LeaseMS:     s.o.LeaseMS,
+		MaxAttempts: 12,
+	}
+	ccfg := s.workerT.consumerConfig()
+	ccfg.URL = s.svc.amqpURL
+	ccfg.ConnectionName = "idemq-chaos-" + s.runID + "-setup"
+	s.topo = consumer.NewTopology(&ccfg)
+	if err := consumer.Apply(&ccfg); err != nil {
+		t.Fatalf("declare topology: %v", err)
+	}
+	s.insp = newInspector(s.svc.amqpURL, s.topo, s.outQ)
+	t.Cleanup(s.insp.close)
+	if err := s.insp.declareOutput(s.outX, s.outQ); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			return // keep the queues for a look
+		}
+		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ}, s.tierNames()...)
+		if err := s.insp.deleteAll(queues, []string{s.topo.DLX, s.outX}); err != nil {
+			t.Logf("soak: delete queues: %v", err)
+		}
+	})
+}
+
+func (s *soak) tierNames() []string {
+	var out []string
+	for _, d := range s.topo.Delays {
+		out = append(out, s.topo.TierName(d))
+	}
+	return out
+}
+
+// workerPrefix is the start of every worker's application_name and
+// connection name: the filter of pg_terminate_backend.
+func (s *soak) workerPrefix() string { return "idemq-chaos-" + s.runID + "-w" }
+
+// startWorker starts worker i (again). Workers differ in how they commit:
+// one delivery at a time, group commit with savepoints, optimistic groups.
+func (s *soak) startWorker(i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wc := s.workerT
+	wc.Index = i
+	wc.AppName = fmt.Sprintf("%s%d", s.workerPrefix(), i)
+	switch i % 3 {
+	case 0:
+		wc.GroupSize = 1
+	case 1:
+		wc.GroupSize = 8
+	case 2:
+		wc.GroupSize, wc.Optimistic = 8, true
+	}
+	for len(s.workers) <= i {
+		s.workers = append(s.workers, nil)
+	}
+	if old := s.workers[i]; old != nil {
+		wc.Incarnation = old.cfg.Incarnation + 1
+		if !old.done() {
+			return
+		}
+	}
+	w, err := startWorker(wc, s.logDir)
+	if err != nil {
+		s.t.Fatalf("soak: %v", err)
+	}
+	s.workers[i] = w
+}
+
+// stopWorkers drains and stops every worker.
+func (s *soak) stopWorkers() {
+	s.mu.Lock()
+	ws := append([]*workerProc(nil), s.workers...)
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		if w == nil || w.done() {
+			continue
+		}
+		wg.Go(func() {
+			if !w.stop(60 * time.Second) {
+				s.problem(fmt.Sprintf("worker %d.%d did not stop cleanly on SIGTERM: %v", w.cfg.Index, w.cfg.Incarnation, w.err))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (s *soak) problem(p string) {
+	s.mu.Lock()
+	s.problems = append(s.problems, p)
+	s.mu.Unlock()
+	s.t.Logf("soak: PROBLEM: %s", p)
+}
+
+// watchWorkers restarts workers that exited without the soak asking them
+// to, and records that as a problem.
+func (s *soak) watchWorkers() {
+	s.mu.Lock()
+	var dead []int
+	for i, w := range s.workers {
+		if w != nil && w.done() && !w.expected.Load() {
+			w.expected.Store(true)
+			dead = append(dead, i)
+			s.problems = append(s.problems, fmt.Sprintf("worker %d.%d exited by itself (%v); log:\n%s",
+				i, w.cfg.Incarnation, w.err, tail(w.logPath, 15)))
+		}
+	}
+	s.mu.Unlock()
+	for _, i := range dead {
+		s.startWorker(i)
+	}
+}
+
+// monitor follows the progress every 500ms: it feeds the stall detector and
+// the recovery times of the faults, and restarts workers that died.
+func (s *soak) monitor(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	lastAny, lastWork := int64(-1), int64(-1)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.watchWorkers()
+		p, ok := s.progress(ctx)
+		if !ok {
+			continue
+		}
+		now := time.Now()
+		if p.any != lastAny {
+			lastAny = p.any
+			s.lastMove.Store(now.UnixNano())
+		}
+		if p.work != lastWork {
+			if lastWork >= 0 {
+				s.faultMu.Lock()
+				for _, f := range s.faults {
+					if !f.End.IsZero() && f.Recovery == 0 && !f.Idle && now.After(f.End) {
+						f.Recovery = now.Sub(f.End)
+					}
+				}
+				s.faultMu.Unlock()
+			}
+			lastWork = p.work
+		}
+	}
+}
+
+// progressSignals are sums that move when the soak makes progress. work
+// moves only with the workers' own progress (keys completed, rows relayed,
+// dead letters, deliveries settled): the recovery after a fault. any moves
+// also with the publisher: the stall detector.
+type progressSignals struct{ work, any int64 }
+
+func (s *soak) progress(ctx context.Context) (progressSignals, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	sch := pgx.Identifier{s.schema}.Sanitize()
+	var completed, relayed, settled int64
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NOT NULL),
+       (SELECT coalesce(sum(n), 0) FROM `+sch+`.stats WHERE outcome IN ('processed', 'rejected', 'duplicate') OR outcome LIKE 'dead_lettered%')`,
+	).Scan(&completed, &relayed, &settled)
+	if err != nil {
+		return progressSignals{}, false
+	}
+	st, err := s.insp.state()
+	if err != nil {
+		return progressSignals{}, false
+	}
+	work := completed + relayed + settled + int64(st.DLQ)
+	// Queue depths move both ways; weighted so that moves do not cancel out.
+	return progressSignals{work: work, any: work*7 + int64(st.Work+st.Retrying)*11 + s.pub.confirmed.Load()*13}, true
+}
+
+func (s *soak) stalledFor() time.Duration {
+	return time.Since(time.Unix(0, s.lastMove.Load()))
+}
+
+// waitPublisher waits for the publisher to confirm everything.
+func (s *soak) waitPublisher(ctx context.Context, done <-chan error) error {
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("publisher not done: %w", ctx.Err())
+	}
+}
+
+// settled reports whether every op reached its end and nothing is left to
+// do: all completions, all poison in the DLQ, empty work queue and tiers,
+// drained outbox.
+func (s *soak) settled(ctx context.Context) bool {
+	if !s.pub.finished.Load() {
+		return false
+	}
+	want := s.plan.ByKind[kindOK] + s.plan.ByKind[kindReject]
+	poison := s.plan.ByKind[kindPoison] + s.plan.ByKind[kindPoisonJSON]
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sch := pgx.Identifier{s.schema}.Sanitize()
+	var completed, pending, leased int
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL),
+       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now())`).Scan(&completed, &pending, &leased)
+	if err != nil || completed < want || pending > 0 || leased > 0 {
+		return false
+	}
+	st, err := s.insp.state()
+	return err == nil && st.Work == 0 && st.Retrying == 0 && st.DLQ >= poison && st.Output >= s.plan.ByKind[kindOK]
+}
+
+// quiet reports, with the workers stopped, whether the queues are empty and
+// no key is leased.
+func (s *soak) quiet(ctx context.Context) bool {
+	var ok bool
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		st, err := s.insp.state()
+		ok = err == nil && st.Work == 0 && st.Retrying == 0
+		return err == nil
+	})
+	return ok
+}
+
+// drain waits until the run settled, or stalls, or the time is up.
+func (s *soak) drain(ctx context.Context) bool {
+	s.lastMove.Store(time.Now().UnixNano())
+	for {
+		if s.settled(ctx) {
+			return true
+		}
+		if s.stalledFor() > s.o.StallTimeout {
+			s.problem(fmt.Sprintf("no progress for %s: %s", s.o.StallTimeout, s.diagnose(ctx)))
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Second):
+		}
+		s.watchWorkers()
+	}
+}
+
+// diagnose says what is left, for failure messages.
+func (s *soak) diagnose(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	sch := pgx.Identifier{s.schema}.Sanitize()
+	var completed, pending, leased, released int
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL),
+       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now()),
+       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until <= now())`).Scan(&completed, &pending, &leased, &released)
+	st, qerr := s.insp.state()
+	return fmt.Sprintf("published %d/%d (done %v); keys completed %d of %d, leased %d, released %d; outbox pending %d; queues %+v (db err %v, broker err %v)",
+		s.pub.confirmed.Load(), s.plan.Total, s.pub.finished.Load(), completed, s.plan.ByKind[kindOK]+s.plan.ByKind[kindReject],
+		leased, released, pending, st, err, qerr)
+}
+
+// logTails prints the end of every worker log, for a failed run.
+func (s *soak) logTails() {
+	files, _ := filepath.Glob(filepath.Join(s.logDir, "*.log"))
+	for _, f := range files {
+		s.t.Logf("---- %s ----\n%s", filepath.Base(f), tail(f, 25))
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return lastLines(string(b), n)
+}
+
+// scanLogs looks for data races and panics in the worker logs.
+func (s *soak) scanLogs() []string {
+	var out []string
+	files, _ := filepath.Glob(filepath.Join(s.logDir, "worker-*.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		text := string(b)
+		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+			if strings.Contains(text, bad) {
+				out = append(out, fmt.Sprintf("%s in %s", strings.TrimSuffix(bad, ":"), filepath.Base(f)))
+			}
+		}
+	}
+	return out
+}
+
+// ---------------------------------------------------------------- broker side
+
+// inspector reads queue depths and contents on a connection of its own,
+// dialled again when a fault closed it.
+type inspector struct {
+	url   string
+	topo  consumer.Topology
+	outQ  string
+	mu    sync.Mutex
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	tiers []string
+}
+
+// queueState is a snapshot of the soak's queues (ready messages).
+type queueState struct {
+	Work, Retrying, DLQ, Output int
+}
+
+func newInspector(url string, topo consumer.Topology, outQ string) *inspector {
+	in := &inspector{url: url, topo: topo, outQ: outQ}
+	for _, d := range topo.Delays {
+		in.tiers = append(in.tiers, topo.TierName(d))
+	}
+	return in
+}
+
+func (in *inspector) channel() (*amqp.Channel, error) {
+	if in.conn == nil || in.conn.IsClosed() {
+		conn, err := amqp.DialConfig(in.url, amqp.Config{Properties: connName("idemq-chaos-inspector"), Dial: amqp.DefaultDial(5 * time.Second)})
+		if err != nil {
+			return nil, err
+		}
+		in.conn, in.ch = conn, nil
+	}
+	if in.ch == nil || in.ch.IsClosed() {
+		ch, err := in.conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		in.ch = ch
+	}
+	return in.ch, nil
+}
+
+func (in *inspector) close() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.conn != nil {
+		_ = in.conn.Close()
+	}
+}
+
+func (in *inspector) depth(ch *amqp.Channel, name string) (int, error) {
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return q.Messages, nil
+}
+
+func (in *inspector) state() (queueState, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var st queueState
+	ch, err := in.channel()
+	if err != nil {
+		return st, err
+	}
+	if st.Work, err = in.depth(ch, in.topo.Queue); err != nil {
+		return st, err
+	}
+	for _, name := range in.tiers {
+		n, err := in.depth(ch, name)
+		if err != nil {
+			return st, err
+		}
+		st.Retrying += n
+	}
+	if st.DLQ, err = in.depth(ch, in.topo.DLQ); err != nil {
+		return st, err
+	}
+	if st.Output, err = in.depth(ch, in.outQ); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// declareOutput declares the exchange the workers forward to and the queue
+// bound to it, a quorum queue like the others.
+func (in *inspector) declareOutput(exchange, queue string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		return err
+	}
+	return ch.QueueBind(queue, "forwarded", exchange, false, nil)
+}
+
+func (in *inspector) deleteAll(queues, exchanges []string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return err
+	}
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return err
+		}
+	}
+	for _, x := range exchanges {
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readAll consumes every message of queue (nothing else publishes to it
+// any more) and returns them. The queue is left empty.
+func (in *inspector) readAll(queue string) ([]amqp.Delivery, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ctl, err := in.channel()
+	if err != nil {
+		return nil, err
+	}
+	want, err := in.depth(ctl, queue)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := in.conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	// Quorum queues cap an unlimited prefetch: ack as the messages come.
+	if err := ch.Qos(1000, 0, false); err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(queue, "", false, true, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []amqp.Delivery
+	for len(out) < want {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return out, fmt.Errorf("read %s: channel closed after %d of %d", queue, len(out), want)
+			}
+			out = append(out, d)
+			if len(out)%200 == 0 || len(out) == want {
+				if err := d.Ack(true); err != nil {
+					return out, err
+				}
+			}
+		case <-time.After(30 * time.Second):
+			return out, fmt.Errorf("read %s: %d of %d after 30s without a message", queue, len(out), want)
+		}
+	}
+	return out, nil
+}
