@@ -22,9 +22,10 @@ type scopedKey struct{ consumer, tenant, key string }
 // name distinct (consumer, tenant, key) scopes: a statement cannot claim one
 // row twice, so callers hold back the repeats of a batch.
 //
-// The statements run unprepared (described and executed each time), so that
-// Postgres plans them for the actual arrays instead of caching a generic
-// plan made while the table was small.
+// The statements run as unnamed statements (their description cached, see
+// pgx.QueryExecModeCacheDescribe), which Postgres plans anew for the actual
+// arrays at every execution, instead of a cached generic plan made while the
+// table was small (a sequential scan that stays as the table grows).
 func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation, error) {
 	out := make([]Reservation, len(claims))
 	if len(claims) == 0 {
@@ -90,7 +91,7 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 		}
 		leases[i] = lease.Microseconds()
 	}
-	rows, err := s.pool.Query(ctx, s.sql.reserveBatch, pgx.QueryExecModeDescribeExec,
+	rows, err := s.pool.Query(ctx, s.sql.reserveBatch, pgx.QueryExecModeCacheDescribe,
 		consumers, tenants, keys, fps, tokens, leases, traceIDs, spanIDs)
 	if err != nil {
 		return nil, interpretError("reserve keys", err)
@@ -158,7 +159,7 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 }
 
 func (s *Store) inspectBatch(ctx context.Context, consumers, tenants, keys []string) (map[scopedKey]*Record, error) {
-	rows, err := s.pool.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys)
+	rows, err := s.pool.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys)
 	if err != nil {
 		return nil, interpretError("read keys", err)
 	}
@@ -187,7 +188,7 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
 		byToken[l.Token] = l
 	}
-	rows, err := s.pool.Query(ctx, s.sql.extendBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys, tokens, d.Microseconds())
+	rows, err := s.pool.Query(ctx, s.sql.extendBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, d.Microseconds())
 	if err != nil {
 		return nil, interpretError("extend leases", err)
 	}
@@ -235,7 +236,7 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 		outcomes[i], codes[i], responses[i] = string(r.Outcome), int32(r.Code), r.Response
 		pending[l.Token] = l
 	}
-	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeDescribeExec, consumers, tenants, keys, tokens, outcomes, codes, responses)
+	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses)
 	if err != nil {
 		return nil, interpretError("complete keys", err)
 	}

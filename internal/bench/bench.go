@@ -130,6 +130,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	}
 	if o.WatermillDir != "" {
+		if _, err := os.Stat(filepath.Join(o.WatermillDir, "go.mod")); err != nil {
+			fmt.Fprintf(out, "(the Watermill peer is skipped: no module at %s; run from the repository root)\n", o.WatermillDir)
+			o.WatermillDir = ""
+		}
+	}
+	if o.WatermillDir != "" {
 		scenarios = append(scenarios, scenario{name: "watermill + Deduplicator, 20% dup", watermill: true, duplicates: 0.2})
 	}
 	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d\n",

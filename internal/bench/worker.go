@@ -220,6 +220,9 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 			sentMu.Unlock()
 		}
 	}
+	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
+		cfg.GroupLinger, _ = time.ParseDuration(v)
+	}
 	var c *consumer.Consumer
 	if spec.Mode == modeBatch {
 		c, err = consumer.NewBatch(store, func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {

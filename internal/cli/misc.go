@@ -102,13 +102,13 @@ queues, which it resets.`,
 	f.IntVar(&o.Messages, "messages", 20000, "messages preloaded per throughput scenario")
 	f.IntVar(&o.BodySize, "body-size", 200, "message body size in bytes")
 	f.IntVar(&o.Concurrency, "concurrency", 8, "handlers of every consumer")
-	f.IntVar(&o.Prefetch, "prefetch", 64, "prefetch of every consumer")
+	f.IntVar(&o.Prefetch, "prefetch", 256, "prefetch of every consumer, the bare one included")
 	f.DurationVar(&o.MaxDuration, "max-duration", 15*time.Second, "bound of one throughput scenario")
 	f.IntVar(&o.Paced, "paced", 300, "messages per scenario for the publish-to-ack latency")
 	f.IntVar(&o.PacedRate, "paced-rate", 200, "publish rate of the latency messages, per second")
 	f.BoolVar(&o.Sweep, "sweep", false, "also run group commit at several group sizes")
-	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of the sweep to this path")
-	f.StringVar(&o.WatermillDir, "watermill-dir", "", "source directory of the Watermill peer (bench/watermill); empty skips it")
+	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of the results (and the sweep) to this path")
+	f.StringVar(&o.WatermillDir, "watermill-dir", "bench/watermill", "source directory of the Watermill peer; skipped when absent or empty")
 	return cmd
 }
 
