@@ -109,12 +109,14 @@ RETURNING k.lease_token, k.locked_until`,
 		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
 		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
     SELECT consumer, tenant, key FROM ` + t + `
-    WHERE state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'
+    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+      AND state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 
 		gcAbandoned: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
     SELECT consumer, tenant, key FROM ` + t + `
-    WHERE state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
+    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+      AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 	}
 }

@@ -399,10 +399,14 @@ func TestGCDeletesOnlyOldRowsInBatches(t *testing.T) {
 	}
 	mustReserve(t, store, claim("running", "b"), dedup.Acquired)
 	// Age the rows: 10 completed 25h ago, 5 leases expired 25h ago.
-	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET completed_at = now() - interval '25 hours' WHERE key LIKE 'old-%'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET completed_at = now() - interval '25 hours', created_at = now() - interval '26 hours' WHERE key LIKE 'old-%'"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET locked_until = now() - interval '25 hours' WHERE key LIKE 'abandoned-%'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET locked_until = now() - interval '25 hours', created_at = now() - interval '26 hours' WHERE key LIKE 'abandoned-%'"); err != nil {
+		t.Fatal(err)
+	}
+	// Created long ago but completed just now (a key retried for a day): kept.
+	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET created_at = now() - interval '30 hours' WHERE key = 'new-0'"); err != nil {
 		t.Fatal(err)
 	}
 	res, err := store.GC(ctx, 24*time.Hour)
