@@ -170,13 +170,13 @@ func (c *Config) WithDefaults() Config {
 func (c Config) validate() error {
 	var errs []error
 	if c.URL == "" {
-		errs = append(errs, errors.New("URL is required"))
+		errs = append(errs, errors.New("broker URL is required"))
 	}
 	if c.Queue == "" {
-		errs = append(errs, errors.New("Queue is required"))
+		errs = append(errs, errors.New("queue name is required"))
 	}
 	if c.Name == "" {
-		errs = append(errs, errors.New("Name (the consumer's stable scope) is required"))
+		errs = append(errs, errors.New("consumer name (the stable scope of its keys) is required"))
 	}
 	if c.GroupSize < 1 {
 		errs = append(errs, fmt.Errorf("group size %d must be positive", c.GroupSize))

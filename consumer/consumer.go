@@ -267,11 +267,11 @@ func (c *Consumer) session(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case e := <-connClosed:
-		lost = fmt.Errorf("connection closed: %v", e)
+		lost = fmt.Errorf("connection closed: %w", closeReason(e))
 	case e := <-chClosed:
-		lost = fmt.Errorf("consumer channel closed: %v", e)
+		lost = fmt.Errorf("consumer channel closed: %w", closeReason(e))
 	case e := <-pubClosed:
-		lost = fmt.Errorf("publisher channel closed: %v", e)
+		lost = fmt.Errorf("publisher channel closed: %w", closeReason(e))
 	case <-workersDone:
 		lost = errors.New("delivery channel closed")
 	}
@@ -326,4 +326,13 @@ func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.
 			c.process(ctx, s, &d)
 		}
 	}
+}
+
+// closeReason is the error a Notify*Close channel delivered; a nil one
+// means a close without an error (the library closed the channel).
+func closeReason(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("closed")
+	}
+	return e
 }

@@ -70,7 +70,9 @@ func Example() {
 		}
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
 	var charges int
 	pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schema+".charges").Scan(&charges) //nolint:errcheck
 	fmt.Println("charges:", charges)

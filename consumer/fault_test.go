@@ -175,7 +175,7 @@ func (h *harness) queuesEmpty() bool {
 		names = append(names, topo.TierName(d))
 	}
 	for _, name := range names {
-		q, err := ch.QueueInspect(name)
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 		if err != nil {
 			h.t.Fatal(err)
 		}

@@ -35,7 +35,6 @@ type item struct {
 	claim   dedup.Claim
 	lease   *dedup.Lease
 	del     *Delivery
-	settled bool
 }
 
 // begin starts the delivery's process span.

@@ -247,7 +247,7 @@ func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size i
 	flush := func() error {
 		for _, c := range pending {
 			if ok, err := c.WaitContext(ctx); err != nil || !ok {
-				return fmt.Errorf("publish not confirmed: %v", err)
+				return fmt.Errorf("publish not confirmed (ack %v): %w", ok, err)
 			}
 		}
 		pending = pending[:0]

@@ -124,10 +124,10 @@ func (t *tally) result() workerResult {
 	return r
 }
 
-func (t *tally) wait(ctx context.Context, max time.Duration) {
+func (t *tally) wait(ctx context.Context, limit time.Duration) {
 	select {
 	case <-t.done:
-	case <-time.After(max):
+	case <-time.After(limit):
 	case <-ctx.Done():
 	}
 }

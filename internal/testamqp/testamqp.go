@@ -119,7 +119,7 @@ var connectionName = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
 // returns how many it closed. Other tests' connections are left alone.
 func CloseConnections(tb testing.TB, prefix string) int {
 	tb.Helper()
-	out, err := exec.Command("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").Output()
+	out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "client_properties").Output()
 	if err != nil {
 		tb.Fatalf("testamqp: rabbitmqctl list_connections: %v", err)
 	}
@@ -133,7 +133,7 @@ func CloseConnections(tb testing.TB, prefix string) int {
 		if m == nil || !strings.HasPrefix(m[1], prefix) {
 			continue
 		}
-		if out, err := exec.Command("rabbitmqctl", "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "close_connection", pid, "closed by test").CombinedOutput(); err != nil {
 			tb.Logf("testamqp: close_connection %s: %v: %s", pid, err, out)
 			continue
 		}

@@ -1,0 +1,46 @@
+// Package consumer is idemq's RabbitMQ runtime: it consumes a work queue,
+// claims each message's idempotency key in Postgres before the handler runs,
+// and routes every delivery to exactly one outcome.
+//
+// # Adopting it
+//
+//	c, err := consumer.New(store, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+//		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, body) VALUES ($1, $2)", d.Key, d.Body)
+//		return consumer.Response{Code: 201}, err
+//	}, &consumer.Config{URL: amqpURL, Queue: "payments", Name: "charge"})
+//	err = c.Run(ctx)
+//
+// Whatever the handler writes in tx commits together with the key's
+// completion and its outbox rows (outbox.Enqueue), or not at all. The
+// handler never sees a duplicate.
+//
+// # Outcomes
+//
+// A returned Response completes the key (outcome "processed"); Reject stores
+// a business rejection that duplicates get back ("rejected"); Permanent sends
+// the message to the DLQ ("dead_lettered", reason permanent_error); any other
+// error, a panic or a timeout releases the key and retries the message
+// through a delay tier, then dead-letters it after MaxAttempts. Duplicates
+// are acked ("duplicate"), busy keys come back later ("in_progress"), reused
+// and invalid keys go to the DLQ with their reason. A message is acked only
+// after what replaces it is durable: the commit, or a publisher-confirmed copy.
+//
+// # Topology
+//
+// Work queue Q (quorum, x-delivery-limit), retry tiers Q.retry.<delay> (TTL,
+// dead-lettering back to Q at least once), and Q.dlx → Q.dlq. Declared on
+// every connect unless SkipDeclare, or by Apply.
+//
+// # Modes
+//
+// By default a worker commits groups of waiting deliveries together, each
+// handler under its own savepoint (GroupSize). GroupOptimistic drops the
+// savepoints; NewBatch takes a BatchHandler that handles a whole group in one
+// call. A failing message never fails its batch-mates.
+//
+// # Connections
+//
+// Run owns the reconnect loop (with backoff), re-declares the topology and
+// consumes again; when its context ends it stops consuming, lets in-flight
+// handlers finish within ShutdownTimeout, acks them and returns nil.
+package consumer
