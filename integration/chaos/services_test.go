@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ type services struct {
 // newServices returns the services of IDEMQ_CHAOS_SERVICES (private by
 // default), started and answering. It registers a cleanup that restores
 // them, whatever the test did to them.
-func newServices(t testing.TB) *services {
+func newServices(t *testing.T) *services {
 	t.Helper()
 	s := &services{mode: envOr("IDEMQ_CHAOS_SERVICES", "private")}
 	switch s.mode {
@@ -106,6 +107,9 @@ func newServices(t testing.TB) *services {
 	default:
 		t.Fatalf("IDEMQ_CHAOS_SERVICES=%q: want private or shared", s.mode)
 	}
+	// One soak at a time on the same services: two would break each other's
+	// runs (go test ./... of two checkouts, or make test next to make chaos).
+	lockServices(t, s.mode+"-"+strings.ReplaceAll(s.pgHostPort+"-"+s.amqpHostPort, ":", "_"))
 	// Restore first: an earlier run killed in the middle of a fault may
 	// have left a service down.
 	t.Cleanup(func() {
@@ -376,4 +380,47 @@ func connName(name string) amqp.Table {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	return props
+}
+
+// lockServices takes an exclusive lock (flock) named after the services,
+// held until the test ends, waiting for another soak to finish if needed.
+func lockServices(t *testing.T, name string) {
+	t.Helper()
+	path := filepath.Join(os.TempDir(), "idemq-chaos-"+name+".lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		t.Fatalf("chaos: lock file: %v", err)
+	}
+	wait := 15 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		wait = min(wait, time.Until(d)/2)
+	}
+	deadline := time.Now().Add(wait)
+	logged := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			t.Fatalf("chaos: lock %s: %v", path, err)
+		}
+		if time.Now().After(deadline) {
+			owner, _ := os.ReadFile(path)
+			t.Fatalf("chaos: another soak (%s) has held %s for %s; not waiting longer", strings.TrimSpace(string(owner)), path, wait)
+		}
+		if !logged {
+			owner, _ := os.ReadFile(path)
+			t.Logf("chaos: waiting for another soak (%s) to finish with the services", strings.TrimSpace(string(owner)))
+			logged = true
+		}
+		// Polling a lock: nothing to wait on but time.
+		time.Sleep(time.Second)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("pid %d, %s", os.Getpid(), t.Name())), 0)
+	t.Cleanup(func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		_ = f.Close()
+	})
 }
