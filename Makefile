@@ -20,7 +20,7 @@ export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 CHAOS_DIR := $(if $(wildcard integration/chaos/go.mod),integration/chaos,.)
 CHAOS_PKGS := $(if $(wildcard integration/chaos/go.mod),./...,./integration/chaos/...)
 
-.PHONY: help up test lint demo bench chaos build jaeger
+.PHONY: help up test lint demo bench chaos fuzz build jaeger
 
 help: ## Show this list of targets
 	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
@@ -58,6 +58,20 @@ bench: up ## Run the benchmark of docs/benchmarks.md (idemq bench)
 
 chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
 	cd $(CHAOS_DIR) && $(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) $(CHAOS_PKGS)
+
+# Fuzz targets as package:Target; make fuzz runs each for FUZZTIME. Their seed
+# corpora (testdata/fuzz) also run as plain tests in make test.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
+	consumer:FuzzExtractKey consumer:FuzzExtractTenant consumer:FuzzParseAttempt \
+	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders
+
+fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint and dead-letter header parsing, FUZZTIME (10s) each
+	@for target in $(FUZZ_TARGETS); do \
+		pkg=$${target%%:*}; name=$${target##*:}; \
+		echo "fuzz ./$$pkg $$name for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) ./$$pkg || exit 1; \
+	done
 
 build: ## Build the idemq binary into bin/idemq
 	$(GO) build -o bin/idemq ./cmd/idemq

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -55,7 +56,9 @@ func CanonicalJSONFields(body []byte, paths [][]string) ([]byte, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("%w: body is not JSON: %v", ErrFingerprint, err)
 	}
-	if dec.More() {
+	// Only spaces may follow the value. (Decoder.More is no test of that:
+	// it reports false before a stray '}' or ']'.)
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: body holds more than one JSON value", ErrFingerprint)
 	}
 	if _, ok := doc.(map[string]any); !ok {
