@@ -49,7 +49,7 @@ const consumerName = "chaos-forwarder"
 
 // soak is one run: its services, its schema and queues, its workers.
 type soak struct {
-	t       testing.TB
+	t       *testing.T
 	o       soakOptions
 	svc     *services
 	tp      *toxiproxy
