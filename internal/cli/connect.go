@@ -106,7 +106,7 @@ func cause(err error, timeout time.Duration) string {
 	}
 	inner := err
 	for {
-		switch u := inner.(type) {
+		switch u := inner.(type) { //nolint:errorlint // walks the chain itself, to its innermost error
 		case interface{ Unwrap() error }:
 			next := u.Unwrap()
 			if next == nil {

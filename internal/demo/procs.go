@@ -41,8 +41,8 @@ func startWorker(wc workerConfig, logDir string) (*workerProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start worker %d: %w", wc.Index, err)
 	}
-	defer logFile.Close() // the child holds its own descriptor
-	cmd := exec.Command(exe, os.Args[1:]...)
+	defer logFile.Close()                    // the child holds its own descriptor
+	cmd := exec.Command(exe, os.Args[1:]...) //nolint:noctx // the worker outlives calls; it stops on SIGTERM or when its stdin closes
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(raw))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	stdin, err := cmd.StdinPipe()

@@ -237,89 +237,89 @@ ORDER BY key_hash = ANY($1) DESC, id LIMIT 1`, burstHashes).Scan(&rep.DuplicateT
 }
 
 // check fills Failures with every broken part of the invariant.
-func (rep *Report) check() {
+func (r *Report) check() {
 	var f []string
-	if rep.Effects != rep.Processed {
-		f = append(f, fmt.Sprintf("effects applied %d != unique keys processed %d", rep.Effects, rep.Processed))
+	if r.Effects != r.Processed {
+		f = append(f, fmt.Sprintf("effects applied %d != unique keys processed %d", r.Effects, r.Processed))
 	}
-	if rep.DoubledKeys > 0 {
-		f = append(f, fmt.Sprintf("%d keys charged more than once", rep.DoubledKeys))
+	if r.DoubledKeys > 0 {
+		f = append(f, fmt.Sprintf("%d keys charged more than once", r.DoubledKeys))
 	}
-	if rep.StrayEffects > 0 {
-		f = append(f, fmt.Sprintf("%d charges without a processed key", rep.StrayEffects))
+	if r.StrayEffects > 0 {
+		f = append(f, fmt.Sprintf("%d charges without a processed key", r.StrayEffects))
 	}
-	if rep.LostKeys > 0 {
-		f = append(f, fmt.Sprintf("%d keys lost (neither completed nor dead-lettered)", rep.LostKeys))
+	if r.LostKeys > 0 {
+		f = append(f, fmt.Sprintf("%d keys lost (neither completed nor dead-lettered)", r.LostKeys))
 	}
-	if rep.UnexpectedCompletions > 0 {
-		f = append(f, fmt.Sprintf("%d keys completed that were never a valid payment", rep.UnexpectedCompletions))
+	if r.UnexpectedCompletions > 0 {
+		f = append(f, fmt.Sprintf("%d keys completed that were never a valid payment", r.UnexpectedCompletions))
 	}
-	if rep.InProgress > 0 {
-		f = append(f, fmt.Sprintf("%d keys still in progress", rep.InProgress))
+	if r.InProgress > 0 {
+		f = append(f, fmt.Sprintf("%d keys still in progress", r.InProgress))
 	}
-	if rep.Unsettled > 0 {
-		f = append(f, fmt.Sprintf("%d messages left in the work queue and retry tiers", rep.Unsettled))
+	if r.Unsettled > 0 {
+		f = append(f, fmt.Sprintf("%d messages left in the work queue and retry tiers", r.Unsettled))
 	}
-	for _, reason := range slices.Sorted(maps.Keys(rep.ExpectedDeadLetters)) {
-		if want, got := rep.ExpectedDeadLetters[reason], rep.DeadLetters[reason]; got < want {
+	for _, reason := range slices.Sorted(maps.Keys(r.ExpectedDeadLetters)) {
+		if want, got := r.ExpectedDeadLetters[reason], r.DeadLetters[reason]; got < want {
 			f = append(f, fmt.Sprintf("%d dead letters %s, want %d", got, reason, want))
 		}
 	}
-	rep.Failures = append(rep.Failures, f...)
+	r.Failures = append(r.Failures, f...)
 }
 
 // print writes the report.
-func (rep Report) print(w io.Writer) {
-	k := rep.PublishedByKind
+func (r Report) print(w io.Writer) {
+	k := r.PublishedByKind
 	line := func(label string, format string, args ...any) {
 		fmt.Fprintf(w, "  %-26s %s\n", label, fmt.Sprintf(format, args...))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Report (from the database and the queues)")
 	line("published", "%d messages: %d payments, %d burst copies, %d redeliveries, %d key reuses, %d poison, %d without key, %d invalid keys",
-		rep.Published, k[string(kindPayment)], k[string(kindBurst)], k[string(kindDuplicate)], k[string(kindReuse)],
+		r.Published, k[string(kindPayment)], k[string(kindBurst)], k[string(kindDuplicate)], k[string(kindReuse)],
 		k[string(kindPoison)], k[string(kindNoKey)], k[string(kindBadKey)])
-	line("unique keys", "%d (first publication a valid payment)", rep.UniqueKeys)
-	line("  processed", "%d", rep.Processed)
-	line("  rejected", "%d (insufficient funds: stored, replayed to duplicates)", rep.Rejected)
-	line("  dead-lettered", "%d (card network down on every attempt)", rep.DeadLetteredKeys)
-	line("  lost", "%d", rep.LostKeys)
-	line("effects applied", "%d card charges in the ledger (%d keys charged twice)", rep.Effects, rep.DoubledKeys)
+	line("unique keys", "%d (first publication a valid payment)", r.UniqueKeys)
+	line("  processed", "%d", r.Processed)
+	line("  rejected", "%d (insufficient funds: stored, replayed to duplicates)", r.Rejected)
+	line("  dead-lettered", "%d (card network down on every attempt)", r.DeadLetteredKeys)
+	line("  lost", "%d", r.LostKeys)
+	line("effects applied", "%d card charges in the ledger (%d keys charged twice)", r.Effects, r.DoubledKeys)
 	line("duplicates suppressed", "%d (%d duplicate copies published; a kill adds redeliveries of messages processed but not acked)",
-		rep.DuplicatesSuppressed, rep.DuplicatesPublished)
-	line("retries", "%d infrastructure failures retried through the tiers", rep.Retries)
-	line("deferred", "%d copies found their key leased by another worker (bursts, the killed worker's keys)", rep.Deferred)
-	if rep.LeaseLost > 0 {
-		line("leases lost", "%d", rep.LeaseLost)
+		r.DuplicatesSuppressed, r.DuplicatesPublished)
+	line("retries", "%d infrastructure failures retried through the tiers", r.Retries)
+	line("deferred", "%d copies found their key leased by another worker (bursts, the killed worker's keys)", r.Deferred)
+	if r.LeaseLost > 0 {
+		line("leases lost", "%d", r.LeaseLost)
 	}
 	total := 0
-	for _, n := range rep.DeadLetters {
+	for _, n := range r.DeadLetters {
 		total += n
 	}
-	line("dead letters", "%d, kept in %s.dlq (idemq dlq list --queue %s)", total, rep.Queue, rep.Queue)
-	reasons := slices.Sorted(maps.Keys(rep.DeadLetters))
-	for _, reason := range slices.Sorted(maps.Keys(rep.ExpectedDeadLetters)) {
-		if _, ok := rep.DeadLetters[reason]; !ok {
+	line("dead letters", "%d, kept in %s.dlq (idemq dlq list --queue %s)", total, r.Queue, r.Queue)
+	reasons := slices.Sorted(maps.Keys(r.DeadLetters))
+	for _, reason := range slices.Sorted(maps.Keys(r.ExpectedDeadLetters)) {
+		if _, ok := r.DeadLetters[reason]; !ok {
 			reasons = append(reasons, reason)
 		}
 	}
 	for _, reason := range reasons {
-		line("  "+reason, "%d (expected %d)", rep.DeadLetters[reason], rep.ExpectedDeadLetters[reason])
+		line("  "+reason, "%d (expected %d)", r.DeadLetters[reason], r.ExpectedDeadLetters[reason])
 	}
-	line("keys in progress", "%d (%d released after a failure, left to retention)", rep.InProgress, rep.Released)
-	line("worker kills", "%d (SIGKILL; the others stopped with SIGTERM)", rep.WorkerKills)
-	if rep.Kill != "" {
-		line("", "%s", rep.Kill)
+	line("keys in progress", "%d (%d released after a failure, left to retention)", r.InProgress, r.Released)
+	line("worker kills", "%d (SIGKILL; the others stopped with SIGTERM)", r.WorkerKills)
+	if r.Kill != "" {
+		line("", "%s", r.Kill)
 	}
-	if rep.WorkerRestarts > 0 {
-		line("worker restarts", "%d", rep.WorkerRestarts)
+	if r.WorkerRestarts > 0 {
+		line("worker restarts", "%d", r.WorkerRestarts)
 	}
-	line("elapsed", "%s", rep.Elapsed.Round(100*time.Millisecond))
-	line("a duplicate in Jaeger", "%s", rep.TraceLink)
+	line("elapsed", "%s", r.Elapsed.Round(100*time.Millisecond))
+	line("a duplicate in Jaeger", "%s", r.TraceLink)
 	fmt.Fprintln(w)
-	if rep.OK() {
+	if r.OK() {
 		fmt.Fprintln(w, "OK: effects applied == unique keys processed, 0 doubled, 0 lost")
 		return
 	}
-	fmt.Fprintln(w, "FAILED: "+strings.Join(rep.Failures, "; "))
+	fmt.Fprintln(w, "FAILED: "+strings.Join(r.Failures, "; "))
 }

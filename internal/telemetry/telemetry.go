@@ -213,7 +213,7 @@ func (t *Telemetry) setupMetrics(ctx context.Context, env envConfig, addr string
 	if addr == "" {
 		return nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics server: %w", err)
 	}

@@ -115,7 +115,7 @@ func TestTracesOverHTTPProtobuf(t *testing.T) {
 	}
 	res := map[string]string{}
 	for _, kv := range tel.Resource().Attributes() {
-		res[string(kv.Key)] = kv.Value.Emit()
+		res[string(kv.Key)] = kv.Value.String()
 	}
 	for k, want := range map[string]string{
 		"service.name": "from-env", "service.version": "1.2.3", "deployment.environment.name": "test",
