@@ -176,7 +176,10 @@ func (s *Store) inspectBatch(ctx context.Context, consumers, tenants, keys []str
 }
 
 // ExtendBatch extends many leases with one statement and returns the ones
-// that were lost (their tokens no longer match).
+// that were lost (their tokens no longer match). A lease whose row another
+// transaction holds locked at that moment (in a group, the group's own
+// transaction completing the key) is left as it is this time, neither
+// extended nor lost: waiting for the lock could deadlock with that transaction.
 func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duration) (lost []*Lease, err error) {
 	if d <= 0 {
 		d = s.cfg.Lease
@@ -195,12 +198,14 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 	defer rows.Close()
 	for rows.Next() {
 		var token [16]byte
-		var until time.Time
+		var until *time.Time
 		if err := rows.Scan(&token, &until); err != nil {
 			return nil, interpretError("extend leases", err)
 		}
 		if l, ok := byToken[token]; ok {
-			l.LockedUntil = until
+			if until != nil {
+				l.LockedUntil = *until
+			}
 			delete(byToken, token)
 		}
 	}

@@ -1,5 +1,7 @@
 package dedup
 
+import "strings"
+
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
 	reserve, complete, release, extend, inspect, checkpoint string
@@ -99,12 +101,29 @@ WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
 RETURNING c.token`,
 
-		extendBatch: async + `UPDATE ` + t + ` AS k
-SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
-FROM` + from + ` unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
-WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
-  AND k.lease_token = c.token AND k.state = 'in_progress'
-RETURNING k.lease_token, k.locked_until`,
+		// Rows locked by another transaction are skipped, not waited for:
+		// a group's heartbeat runs beside the group's own transaction,
+		// which locks each key as it completes it, and waiting for those
+		// locks while holding others deadlocks. A skipped lease comes back
+		// with a NULL locked_until: busy, not lost.
+		extendBatch: withCTE(async) + `wanted AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+), free AS (
+    SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN wanted AS c USING (consumer, tenant, key)
+    WHERE k.lease_token = c.token AND k.state = 'in_progress'
+    FOR UPDATE OF k SKIP LOCKED
+), extended AS (
+    UPDATE ` + t + ` AS k
+    SET locked_until = now() + $5::bigint * interval '1 microsecond', updated_at = now()
+    FROM` + from + ` free AS f
+    WHERE k.consumer = f.consumer AND k.tenant = f.tenant AND k.key = f.key
+    RETURNING k.lease_token, k.locked_until
+)
+SELECT lease_token, locked_until FROM extended
+UNION ALL
+SELECT k.lease_token, NULL FROM ` + t + ` AS k JOIN wanted AS c USING (consumer, tenant, key)
+WHERE k.lease_token = c.token AND k.state = 'in_progress'
+  AND NOT EXISTS (SELECT FROM free AS f WHERE (f.consumer, f.tenant, f.key) = (k.consumer, k.tenant, k.key))`,
 
 		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
 		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
@@ -135,4 +154,13 @@ func crossJoin(from string) string {
 		return ""
 	}
 	return ", async"
+}
+
+// withCTE opens a WITH clause that continues with more CTEs after the
+// optional async one.
+func withCTE(async string) string {
+	if async == "" {
+		return "WITH "
+	}
+	return strings.TrimSuffix(async, "\n") + ",\n"
 }
