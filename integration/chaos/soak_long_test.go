@@ -16,7 +16,9 @@ var (
 // TestSoak is the long soak (make chaos): 50,000 messages by default
 // through four worker processes while faults of every kind are injected at
 // random intervals until every message has settled. Change the size with
-// -chaos.messages or IDEMQ_CHAOS_MESSAGES.
+// -chaos.messages or IDEMQ_CHAOS_MESSAGES. The publisher is paced
+// (IDEMQ_CHAOS_PUBLISH_RATE messages a second, default 70; 0 for no limit)
+// so that the faults hit a busy system for most of the run.
 func TestSoak(t *testing.T) {
 	messages := *messagesFlag
 	if messages == 0 {
@@ -31,7 +33,7 @@ func TestSoak(t *testing.T) {
 		Workers:      workers,
 		Concurrency:  8,
 		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
-		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 0)),
+		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 70)),
 		FaultGap:     [2]time.Duration{5 * time.Second, 20 * time.Second},
 		EveryKind:    true,
 		Timeout:      55 * time.Minute,
