@@ -525,6 +525,11 @@ func (s *soak) scanLogs() []string {
 				out = append(out, fmt.Sprintf("%s in %s", strings.TrimSuffix(bad, ":"), filepath.Base(f)))
 			}
 		}
+		// The workers are stopped once everything settled: nothing may
+		// still be in flight then, unless a delivery was stuck.
+		if strings.Contains(text, "shutdown timeout") {
+			out = append(out, fmt.Sprintf("a delivery was still in flight at the final stop (stuck) in %s", filepath.Base(f)))
+		}
 	}
 	return out
 }
