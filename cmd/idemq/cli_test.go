@@ -222,7 +222,7 @@ func TestGC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := pool.Exec(ctx, "UPDATE "+schema+".keys SET completed_at = now() - interval '2 hours'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE "+schema+".keys SET completed_at = now() - interval '2 hours', created_at = now() - interval '2 hours'"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".outbox (exchange, routing_key, body, message_id, published_at) VALUES ('x', 'k', '', 'm1', now() - interval '2 hours'), ('x', 'k', '', 'm2', NULL)"); err != nil {
