@@ -210,7 +210,7 @@ func TestConnectionClosedUnderLoad(t *testing.T) {
 
 func TestGracefulShutdownUnderLoad(t *testing.T) {
 	t.Parallel()
-	const total = 1000
+	const total = 3000
 	h := newHarness(t, func(c *consumer.Config) { c.Concurrency = 8 })
 	h.publishMany(total, total, "drain")
 	slow := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
@@ -218,7 +218,7 @@ func TestGracefulShutdownUnderLoad(t *testing.T) {
 		return h.ledgerEffect(ctx, tx, d)
 	}
 	stop := h.start(2, slow)
-	h.waitEvents(60*time.Second, "some deliveries", func(evs []consumer.Event) bool { return finals(evs) >= 200 })
+	h.waitEvents(60*time.Second, "some deliveries", func(evs []consumer.Event) bool { return finals(evs) >= 100 })
 	stop() // returns once Run has drained and closed
 	var inProgress int
 	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+h.schema+".keys WHERE state = 'in_progress'").Scan(&inProgress); err != nil {
