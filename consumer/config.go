@@ -124,7 +124,8 @@ type Config struct {
 	NoReply bool
 	// AllowShortRetention turns the retention guard's refusal into a warning.
 	AllowShortRetention bool
-	// LogKeys puts raw keys into logs and spans (off: a short hash only).
+	// LogKeys puts raw keys into span attributes (off: a short hash only;
+	// logs always carry only the hash).
 	LogKeys bool
 
 	// Logger receives structured logs; nil means slog.Default().

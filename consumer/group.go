@@ -1,9 +1,11 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,7 +113,9 @@ func (c *Consumer) reserveAndRun(ctx context.Context, s *session, claimed []*ite
 	for i, it := range claimed {
 		claims[i] = it.claim
 	}
-	rctx, rspan := c.tracer.Start(ctx, "idemq reserve batch", groupLinks(claimed))
+	rctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	rctx, rspan := c.tracer.Start(rctx, "idemq reserve batch", groupLinks(claimed))
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
 	t0 := time.Now()
 	res, err := c.store.ReserveBatch(rctx, claims)
@@ -131,6 +135,11 @@ func (c *Consumer) reserveAndRun(ctx context.Context, s *session, claimed []*ite
 		}
 	}
 	if len(acquired) > 0 {
+		// Run (and so lock the key rows) in the global key order that batch
+		// reservations use, so that the two never wait on each other in a cycle.
+		slices.SortFunc(acquired, func(a, b *item) int {
+			return cmp.Or(cmp.Compare(a.claim.Tenant, b.claim.Tenant), cmp.Compare(a.claim.Key, b.claim.Key))
+		})
 		c.runGroup(ctx, s, acquired)
 	}
 }

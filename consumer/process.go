@@ -85,7 +85,9 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 	if !c.prepare(s, it) {
 		return
 	}
-	rctx, rspan := c.tracer.Start(it.ctx, "idemq reserve")
+	rctx, cancel := context.WithTimeout(it.ctx, settleTimeout)
+	defer cancel()
+	rctx, rspan := c.tracer.Start(rctx, "idemq reserve")
 	t0 := time.Now()
 	res, err := c.store.Reserve(rctx, it.claim)
 	c.metrics.reserveTime.Record(it.ctx, time.Since(t0).Seconds(), c.metrics.with())
