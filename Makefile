@@ -39,6 +39,8 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 		echo "consumer tests in $$mode mode"; \
 		IDEMQ_TEST_CONSUMER_MODE=$$mode $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./consumer/; \
 	done
+	@# Every fuzz target for a bounded time (their seed corpora ran above).
+	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
 	@unformatted=$$(find . -name '*.go' -not -path './.git/*' -not -path './.cache/*' -not -path './vendor/*' -print0 | xargs -0 -r gofmt -l); \
@@ -62,6 +64,8 @@ chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CH
 # Fuzz targets as package:Target; make fuzz runs each for FUZZTIME. Their seed
 # corpora (testdata/fuzz) also run as plain tests in make test.
 FUZZTIME ?= 10s
+# How long make test fuzzes each target.
+TEST_FUZZTIME ?= 5s
 FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
 	consumer:FuzzExtractKey consumer:FuzzExtractTenant consumer:FuzzParseAttempt \
 	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders
