@@ -1,0 +1,46 @@
+package consumer_test
+
+import (
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+)
+
+// BenchmarkPrepare measures the per-delivery work before the database:
+// key and tenant extraction, key validation, the key hash and the fingerprint.
+func BenchmarkPrepare(b *testing.B) {
+	d := &amqp.Delivery{
+		MessageId: "order-2026-11-30-000042-charge",
+		Headers:   amqp.Table{"x-tenant-id": "acme", consumer.HeaderAttempt: int32(2)},
+		Body:      []byte(`{"account":"A-1","amount":4200,"currency":"EUR","note":"monthly subscription"}`),
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		key := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader)
+		if err := dedup.ValidateKey(key); err != nil {
+			b.Fatal(err)
+		}
+		tenant, err := consumer.ExtractTenant(d, consumer.DefaultTenantHeader, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = consumer.ParseAttempt(d.Headers)
+		_ = dedup.KeyHash("payments", tenant, key)
+		if _, err := dedup.BodyFingerprint(d.Body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkExtractKey(b *testing.B) {
+	d := &amqp.Delivery{Headers: amqp.Table{consumer.DefaultKeyHeader: []byte("order-2026-11-30-000042")}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader) == "" {
+			b.Fatal("no key")
+		}
+	}
+}
