@@ -92,11 +92,21 @@ FROM ` + t + ` k
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
   ON k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key`,
 
-		completeBatch: `UPDATE ` + t + ` AS k
+		// The rows are locked first, in the global key order that batch
+		// reservations use, so that the two never wait on each other in a cycle.
+		completeBatch: `WITH c AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[])
+        AS c(consumer, tenant, key, token, outcome, code, response)
+), locked AS MATERIALIZED (
+    SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
+    WHERE k.lease_token = c.token AND k.state = 'in_progress'
+    ORDER BY k.consumer, k.tenant, k.key
+    FOR UPDATE OF k
+)
+UPDATE ` + t + ` AS k
 SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response,
     lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[])
-     AS c(consumer, tenant, key, token, outcome, code, response)
+FROM c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
 RETURNING c.token`,
