@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"testing"
 )
 
 // What an operation is meant to be, and so how it must end.
@@ -91,12 +92,20 @@ func buildPlan(n int, seed uint64) plan {
 		p.Ops = append(p.Ops, o)
 	}
 	// Some key strings are used again by another tenant: another operation.
+	// A scope (tenant, key) is never given to two operations: that would be
+	// key reuse, which the plan does not intend here.
+	scopes := make(map[[2]string]bool, unique)
+	for _, o := range p.Ops {
+		scopes[[2]string{o.Tenant, o.Key}] = true
+	}
 	for range max(2, unique/100) {
 		a, b := rng.IntN(unique), rng.IntN(unique)
-		if a == b || p.Ops[a].Tenant == p.Ops[b].Tenant {
+		if a == b || p.Ops[a].Tenant == p.Ops[b].Tenant || scopes[[2]string{p.Ops[b].Tenant, p.Ops[a].Key}] {
 			continue
 		}
+		delete(scopes, [2]string{p.Ops[b].Tenant, p.Ops[b].Key})
 		p.Ops[b].Key = p.Ops[a].Key
+		scopes[[2]string{p.Ops[b].Tenant, p.Ops[b].Key}] = true
 		p.SharedKeys++
 	}
 	for i := range p.Ops {
@@ -147,4 +156,21 @@ func body(rng *rand.Rand, o op) []byte {
 		Amount: 1 + rng.Int64N(100000), Pad: strings.Repeat("p", rng.IntN(400)),
 	})
 	return b
+}
+
+// TestPlanNeverReusesAScope checks the plan itself: every operation has a
+// (tenant, key) scope of its own, so a key reuse in a soak is idemq's doing.
+func TestPlanNeverReusesAScope(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(200) {
+		p := buildPlan(3000, seed)
+		seen := map[[2]string]int{}
+		for i, o := range p.Ops {
+			scope := [2]string{o.Tenant, o.Key}
+			if j, dup := seen[scope]; dup {
+				t.Fatalf("seed %d: ops %d and %d share tenant %q and key %q", seed, j, i, o.Tenant, o.Key)
+			}
+			seen[scope] = i
+		}
+	}
 }
