@@ -246,26 +246,8 @@ func (c *Consumer) runOne(ctx context.Context, tx pgx.Tx, it *item, r *groupResu
 	if err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
-	var result dedup.Result
-	var herr error
-	if c.batchHandler != nil {
-		var resps []Response
-		resps, herr = c.safeBatchCall(c.withClaim(hctx, it.del), sp, []*Delivery{it.del})
-		if herr == nil && len(resps) != 1 {
-			herr = fmt.Errorf("batch handler returned %d responses for 1 delivery", len(resps))
-		}
-		if herr == nil {
-			result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resps[0].Code, Response: resps[0].Body}
-		}
-	} else {
-		var resp Response
-		resp, herr = c.safeCall(c.withClaim(hctx, it.del), sp, it.del)
-		result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
-	}
-	var rej *RejectError
-	if errors.As(herr, &rej) {
-		result, herr = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}, nil
-	}
+	// In batch mode c.handler runs the batch handler over this one delivery.
+	result, herr := storedResult(c.safeCall(c.withClaim(hctx, it.del), sp, it.del))
 	if herr == nil {
 		herr = c.store.Complete(hctx, sp, it.lease, result)
 	}
@@ -350,14 +332,9 @@ func (c *Consumer) runOptimistic(ctx context.Context, tx pgx.Tx, items []*item, 
 		leases[i] = it.lease
 		hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
 		hctx, hspan := c.tracer.Start(hctx, "idemq handler")
-		resp, herr := c.safeCall(c.withClaim(hctx, it.del), handlerTx{sp}, it.del)
-		var rej *RejectError
-		switch {
-		case herr == nil:
-			results[i] = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
-		case errors.As(herr, &rej):
-			results[i] = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}
-		default:
+		var herr error
+		results[i], herr = storedResult(c.safeCall(c.withClaim(hctx, it.del), handlerTx{sp}, it.del))
+		if herr != nil {
 			hspan.AddEvent("idemq.group_isolated")
 			hspan.End()
 			cancel()

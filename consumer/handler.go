@@ -126,6 +126,19 @@ func IsRejection(err error) bool {
 	return errors.As(err, &r)
 }
 
+// storedResult is what a handler's return stores with the key: a success or
+// a business rejection. Any other error comes back as it is: nothing is stored.
+func storedResult(resp Response, err error) (dedup.Result, error) {
+	var rej *RejectError
+	switch {
+	case err == nil:
+		return dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}, nil
+	case errors.As(err, &rej):
+		return dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}, nil
+	}
+	return dedup.Result{}, err
+}
+
 // PanicError is the infrastructure failure a handler's panic turns into.
 type PanicError struct{ Value any }
 

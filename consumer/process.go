@@ -319,17 +319,14 @@ func (c *Consumer) runInTx(ctx context.Context, del *Delivery, lease *dedup.Leas
 	}()
 	hctx = c.withClaim(hctx, del)
 	resp, herr := c.safeCall(hctx, tx, del)
-	var rej *RejectError
-	switch {
-	case herr == nil:
-		result = dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}
-	case errors.As(herr, &rej):
-		result = dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}
-		hspan.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
-	default:
-		hspan.SetStatus(codes.Error, redact.Error(herr))
+	result, serr := storedResult(resp, herr)
+	if serr != nil {
+		hspan.SetStatus(codes.Error, redact.Error(serr))
 		hspan.End()
-		return result, herr
+		return result, serr
+	}
+	if rej := (*RejectError)(nil); errors.As(herr, &rej) {
+		hspan.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
 	}
 	hspan.End()
 

@@ -26,17 +26,7 @@ func newStatements(schema string, durable bool) statements {
 		reserve: async + `INSERT INTO ` + t + ` AS k
     (consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)
 SELECT $1, $2, $3, 'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * interval '1 microsecond', 1, $7::text, $8::text` + fromClause(from) + `
-ON CONFLICT (consumer, tenant, key) DO UPDATE
-    SET lease_token  = excluded.lease_token,
-        locked_until = excluded.locked_until,
-        attempts     = k.attempts + 1,
-        trace_id     = coalesce(excluded.trace_id, k.trace_id),
-        span_id      = coalesce(excluded.span_id, k.span_id),
-        updated_at   = now()
-    WHERE k.state = 'in_progress'
-      AND k.locked_until <= now()
-      AND k.fingerprint = excluded.fingerprint
-RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
+` + takeover + `RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
 		complete: `UPDATE ` + t + `
 SET state = 'completed', outcome = $5, response_code = $6, response = $7,
@@ -56,10 +46,7 @@ RETURNING locked_until`,
 SET recovery_point = $5, recovery_data = $6, steps = array_append(steps, $5), updated_at = now()
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
-		inspect: `SELECT consumer, tenant, key, state, fingerprint,
-    (state = 'in_progress' AND locked_until > now()), locked_until,
-    attempts, recovery_point, recovery_data, steps, outcome, response_code, response,
-    trace_id, span_id, created_at, updated_at, completed_at
+		inspect: `SELECT ` + recordColumns("") + `
 FROM ` + t + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3`,
 
@@ -72,22 +59,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], $6::big
      AS c(consumer, tenant, key, fingerprint, token, lease, trace_id, span_id)` + crossJoin(from) + `
 -- One order for every batch, so that two batches never wait on each other's rows in a cycle.
 ORDER BY c.consumer, c.tenant, c.key
-ON CONFLICT (consumer, tenant, key) DO UPDATE
-    SET lease_token  = excluded.lease_token,
-        locked_until = excluded.locked_until,
-        attempts     = k.attempts + 1,
-        trace_id     = coalesce(excluded.trace_id, k.trace_id),
-        span_id      = coalesce(excluded.span_id, k.span_id),
-        updated_at   = now()
-    WHERE k.state = 'in_progress'
-      AND k.locked_until <= now()
-      AND k.fingerprint = excluded.fingerprint
-RETURNING consumer, tenant, key, lease_token, attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
+` + takeover + `RETURNING consumer, tenant, key, lease_token, attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
-		inspectBatch: `SELECT k.consumer, k.tenant, k.key, k.state, k.fingerprint,
-    (k.state = 'in_progress' AND k.locked_until > now()), k.locked_until,
-    k.attempts, k.recovery_point, k.recovery_data, k.steps, k.outcome, k.response_code, k.response,
-    k.trace_id, k.span_id, k.created_at, k.updated_at, k.completed_at
+		inspectBatch: `SELECT ` + recordColumns("k.") + `
 FROM ` + t + ` k
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
   ON k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key`,
@@ -173,4 +147,26 @@ func withCTE(async string) string {
 		return "WITH "
 	}
 	return strings.TrimSuffix(async, "\n") + ",\n"
+}
+
+// takeover is the conflict clause of both reservation statements: take the
+// row over only when its lease has expired and the operation is the same.
+const takeover = `ON CONFLICT (consumer, tenant, key) DO UPDATE
+    SET lease_token  = excluded.lease_token,
+        locked_until = excluded.locked_until,
+        attempts     = k.attempts + 1,
+        trace_id     = coalesce(excluded.trace_id, k.trace_id),
+        span_id      = coalesce(excluded.span_id, k.span_id),
+        updated_at   = now()
+    WHERE k.state = 'in_progress'
+      AND k.locked_until <= now()
+      AND k.fingerprint = excluded.fingerprint
+`
+
+// recordColumns is the column list scanRecord reads, each prefixed (a table alias and a dot, or "").
+func recordColumns(p string) string {
+	return strings.NewReplacer("$", p).Replace(`$consumer, $tenant, $key, $state, $fingerprint,
+    ($state = 'in_progress' AND $locked_until > now()), $locked_until,
+    $attempts, $recovery_point, $recovery_data, $steps, $outcome, $response_code, $response,
+    $trace_id, $span_id, $created_at, $updated_at, $completed_at`)
 }
