@@ -31,6 +31,9 @@ up: ## Make sure Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) run, st
 	@bash deploy/local/ensure-services.sh
 
 test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ
+	@# The tracing test runs a real Jaeger: build it once (about 10 minutes cold,
+	@# then cached in ~/.cache/idemq; a no-op when it is there).
+	@bash deploy/jaeger/build.sh >/dev/null
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) ./...
 	@# The consumer's tests again in the other modes: one transaction per
