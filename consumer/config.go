@@ -67,6 +67,12 @@ type Config struct {
 	// transactional writes count once): use it only for handlers whose
 	// effects all go through the transaction.
 	GroupOptimistic bool
+	// IndividualAcks acks every delivery with a frame of its own. By
+	// default acks are coalesced: one multiple-ack covers the deliveries
+	// up to the lowest one still in flight, and an ack held above a slow
+	// delivery waits at most 10ms before it is sent on its own. Either way
+	// no delivery is acked before the commit that made its outcome durable.
+	IndividualAcks bool
 	// GroupLinger is how long a worker waits for a group to fill; 0 takes
 	// only what is already waiting, adding no latency.
 	GroupLinger time.Duration
@@ -133,7 +139,9 @@ type Config struct {
 	// TracerProvider and MeterProvider; nil means the global ones.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
-	// OnOutcome, when set, is called once for each delivery after its ack.
+	// OnOutcome, when set, is called once for each delivery after its ack
+	// (with coalesced acks: after its ack was handed to the ack window, which
+	// sends it within 10ms).
 	OnOutcome func(Event)
 	// ConnectionName names the AMQP connections in the broker's UI.
 	ConnectionName string

@@ -241,6 +241,11 @@ func (c *Consumer) session(ctx context.Context) error {
 	hard, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
 	s := &session{pub: pub, stop: make(chan struct{})}
+	if !c.cfg.IndividualAcks {
+		s.acks = newAckWindow(ch, c.cfg.Prefetch, func(err error) {
+			c.log.Warn("ack failed; the broker redelivers the unacked messages", "err", redact.Error(err))
+		})
+	}
 	// The library hands deliveries over one by one on an unbuffered channel;
 	// a buffer as deep as the prefetch lets a worker take a whole group at
 	// once. Deliveries left in it at a stop are never acked: the broker
@@ -249,6 +254,9 @@ func (c *Consumer) session(ctx context.Context) error {
 	go func() {
 		defer close(buffered)
 		for d := range deliveries {
+			if s.acks != nil {
+				s.acks.track(d.DeliveryTag)
+			}
 			select {
 			case buffered <- d:
 			case <-s.stop:
@@ -292,6 +300,7 @@ func (c *Consumer) session(ctx context.Context) error {
 		hardStop()
 		<-workersDone
 	}
+	s.flushAll()
 	_ = ch.Close()
 	return nil
 }
@@ -300,6 +309,30 @@ func (c *Consumer) session(ctx context.Context) error {
 type session struct {
 	pub  *publisher
 	stop chan struct{}
+	acks *ackWindow // nil with IndividualAcks
+}
+
+// flush sends the acks made ready so far (see ackWindow).
+func (s *session) flush() {
+	if s.acks != nil {
+		s.acks.flush()
+	}
+}
+
+// flushAll sends every ready ack; the session is ending.
+func (s *session) flushAll() {
+	if s.acks != nil {
+		s.acks.flushAll()
+	}
+}
+
+// nack returns d to its queue at once.
+func (s *session) nack(d *amqp.Delivery) {
+	if s.acks != nil {
+		_ = s.acks.nack(d.DeliveryTag)
+		return
+	}
+	_ = d.Nack(false, true)
 }
 
 func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {

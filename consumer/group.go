@@ -77,6 +77,7 @@ func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Deli
 		items = append(items, c.begin(ctx, d))
 	}
 	defer func() {
+		s.flush()
 		for _, it := range items {
 			c.finish(it)
 		}
@@ -179,7 +180,7 @@ func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
 				it.ev.Outcome = OutcomeProcessed
 			}
 			c.reply(it.ctx, s, it.d, &r.result)
-			it.ev = c.ack(it.d, it.ev)
+			it.ev = c.ack(s, it.d, it.ev)
 			continue
 		}
 		it.ev = c.settleFailure(it.ctx, s, it.d, it.ev, it.attempt, it.lease, r.err, r.bystander)

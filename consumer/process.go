@@ -81,7 +81,10 @@ func (c *Consumer) finish(it *item) {
 // whatever replaces it is durable.
 func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 	it := c.begin(ctx, d)
-	defer c.finish(it)
+	defer func() {
+		s.flush()
+		c.finish(it)
+	}()
 	if !c.prepare(s, it) {
 		return
 	}
@@ -159,7 +162,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		it.ev.OriginalTraceID = res.Record.TraceID
 		c.markDuplicate(ctx, it.span, res.Record)
 		c.reply(ctx, s, d, res.Record.Result)
-		it.ev = c.ack(d, it.ev)
+		it.ev = c.ack(s, d, it.ev)
 		return false
 	case dedup.Busy:
 		it.ev.Outcome = OutcomeInProgress
@@ -227,7 +230,7 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 			ev.Outcome = OutcomeProcessed
 		}
 		c.reply(ctx, s, d, &result)
-		return c.ack(d, ev)
+		return c.ack(s, d, ev)
 	}
 	if cause := context.Cause(hctx); cause != nil && !errors.Is(herr, cause) {
 		herr = fmt.Errorf("%w (%w)", herr, cause)
@@ -403,17 +406,23 @@ func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Deliv
 		span.End()
 		c.log.Error("could not publish the replacing copy; returning the message to the queue",
 			"key_hash", ev.KeyHash, "err", redact.Error(err))
-		_ = d.Nack(false, true)
+		s.nack(d)
 		if ev.Err == nil {
 			ev.Err = err
 		}
 		return ev
 	}
 	span.End()
-	return c.ack(d, ev)
+	return c.ack(s, d, ev)
 }
 
-func (c *Consumer) ack(d *amqp.Delivery, ev Event) Event {
+// ack settles d once its outcome is durable: at once, or through the
+// session's ack window, which coalesces acks into multiple-acks.
+func (c *Consumer) ack(s *session, d *amqp.Delivery, ev Event) Event {
+	if s.acks != nil {
+		s.acks.ready(d.DeliveryTag)
+		return ev
+	}
 	if err := d.Ack(false); err != nil {
 		// The channel is gone: the broker redelivers, and the key makes the
 		// redelivery harmless.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,4 +141,27 @@ func CloseConnections(tb testing.TB, prefix string) int {
 		closed++
 	}
 	return closed
+}
+
+// Unacked returns how many of queue's messages are delivered and not yet
+// acked, as the broker counts them (`rabbitmqctl list_queues`).
+func Unacked(tb testing.TB, queue string) int {
+	tb.Helper()
+	out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name", "messages_unacknowledged").Output()
+	if err != nil {
+		tb.Fatalf("testamqp: rabbitmqctl list_queues: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, n, ok := strings.Cut(strings.TrimSpace(line), "\t")
+		if !ok || name != queue {
+			continue
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(n))
+		if err != nil {
+			tb.Fatalf("testamqp: unacked count of %s: %q: %v", queue, n, err)
+		}
+		return v
+	}
+	tb.Fatalf("testamqp: queue %s not listed by rabbitmqctl", queue)
+	return 0
 }

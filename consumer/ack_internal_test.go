@@ -1,0 +1,236 @@
+package consumer
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// frameLog records the frames an ackWindow sends, and checks them against
+// what a broker would do: a multiple ack settles every outstanding tag up
+// to its own, and must never cover one whose outcome is not durable.
+type frameLog struct {
+	mu       sync.Mutex
+	t        *testing.T
+	frames   []string
+	durable  map[uint64]bool // tags marked ready or nacked by the test
+	settled  map[uint64]bool
+	tracked  []uint64
+	acked    int
+	multiple int
+}
+
+func newFrameLog(t *testing.T) *frameLog {
+	return &frameLog{t: t, durable: map[uint64]bool{}, settled: map[uint64]bool{}}
+}
+
+func (f *frameLog) Ack(tag uint64, multiple bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !multiple {
+		f.settle(tag)
+		return nil
+	}
+	f.multiple++
+	for _, t := range f.tracked {
+		if t <= tag && !f.settled[t] {
+			f.settle(t)
+		}
+	}
+	return nil
+}
+
+func (f *frameLog) Nack(tag uint64, multiple, requeue bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if multiple || !requeue {
+		f.t.Errorf("nack(%d, multiple=%v, requeue=%v): want a single requeueing nack", tag, multiple, requeue)
+	}
+	f.settled[tag] = true
+	return nil
+}
+
+func (f *frameLog) settle(tag uint64) {
+	if !f.durable[tag] {
+		f.t.Errorf("tag %d acked before its outcome was durable", tag)
+	}
+	if f.settled[tag] {
+		f.t.Errorf("tag %d settled twice", tag)
+	}
+	f.settled[tag] = true
+	f.acked++
+}
+
+func (f *frameLog) markDurable(tag uint64) {
+	f.mu.Lock()
+	f.durable[tag] = true
+	f.mu.Unlock()
+}
+
+func (f *frameLog) isSettled(tag uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.settled[tag]
+}
+
+func TestAckWindowCoalescesASettledPrefix(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 256, nil)
+	for tag := uint64(1); tag <= 16; tag++ {
+		f.tracked = append(f.tracked, tag)
+		w.track(tag)
+	}
+	for tag := uint64(1); tag <= 16; tag++ {
+		f.markDurable(tag)
+		w.ready(tag)
+	}
+	w.flush()
+	frames, settled := w.stats()
+	if frames != 1 || settled != 16 || f.acked != 16 {
+		t.Fatalf("frames %d, settled %d, broker acked %d: want one frame for 16 acks", frames, settled, f.acked)
+	}
+}
+
+func TestAckWindowHoldsAcksAboveAnUnsettledDelivery(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 256, nil)
+	for tag := uint64(1); tag <= 10; tag++ {
+		f.tracked = append(f.tracked, tag)
+		w.track(tag)
+	}
+	// Tag 1 is slow; 2..10 are done.
+	for tag := uint64(2); tag <= 10; tag++ {
+		f.markDurable(tag)
+		w.ready(tag)
+	}
+	w.flush()
+	if f.isSettled(1) {
+		t.Fatal("tag 1 settled while still in flight")
+	}
+	// Held acks go out on their own within ackHoldFor, never covering tag 1.
+	deadline := time.Now().Add(2 * time.Second)
+	for !f.isSettled(10) {
+		if time.Now().After(deadline) {
+			t.Fatal("held acks were not sent within 2s")
+		}
+		time.Sleep(time.Millisecond) // polling a condition, not synchronising on time
+	}
+	if f.isSettled(1) {
+		t.Fatal("tag 1 settled by a held ack")
+	}
+	f.markDurable(1)
+	w.ready(1)
+	w.flush()
+	if !f.isSettled(1) {
+		t.Fatal("tag 1 not acked after it became ready")
+	}
+	if f.acked != 10 {
+		t.Fatalf("broker acked %d, want 10", f.acked)
+	}
+}
+
+func TestAckWindowSendsHeldAcksWhenTooManyWait(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 8, nil) // at most 4 held
+	for tag := uint64(1); tag <= 8; tag++ {
+		f.tracked = append(f.tracked, tag)
+		w.track(tag)
+	}
+	for tag := uint64(2); tag <= 6; tag++ {
+		f.markDurable(tag)
+		w.ready(tag)
+	}
+	w.flush()
+	for tag := uint64(2); tag <= 6; tag++ {
+		if !f.isSettled(tag) {
+			t.Errorf("tag %d held although 5 > 4 acks wait", tag)
+		}
+	}
+	if f.isSettled(1) || f.isSettled(7) {
+		t.Fatal("a multiple ack covered an unsettled delivery")
+	}
+}
+
+func TestAckWindowNackIsNeverCoveredByAMultipleAck(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 256, nil)
+	for tag := uint64(1); tag <= 5; tag++ {
+		f.tracked = append(f.tracked, tag)
+		w.track(tag)
+	}
+	if err := w.nack(3); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []uint64{1, 2, 4, 5} {
+		f.markDurable(tag)
+		w.ready(tag)
+	}
+	w.flush()
+	// The frame log fails the test if the multiple ack settled tag 3 again.
+	if f.acked != 4 || f.multiple != 1 {
+		t.Fatalf("broker acked %d with %d multiple acks, want 4 with 1", f.acked, f.multiple)
+	}
+}
+
+func TestAckWindowFlushAllSendsEveryReadyAck(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 256, nil)
+	for tag := uint64(1); tag <= 6; tag++ {
+		f.tracked = append(f.tracked, tag)
+		w.track(tag)
+	}
+	for _, tag := range []uint64{1, 2, 4, 6} { // 3 and 5 never ran
+		f.markDurable(tag)
+		w.ready(tag)
+	}
+	w.flushAll()
+	for _, tag := range []uint64{1, 2, 4, 6} {
+		if !f.isSettled(tag) {
+			t.Errorf("tag %d not acked at the end of the session", tag)
+		}
+	}
+	if f.isSettled(3) || f.isSettled(5) {
+		t.Fatal("a delivery that never ran was acked")
+	}
+}
+
+// A random interleaving of many workers: every ack lands once, none early.
+func TestAckWindowConcurrentWorkers(t *testing.T) {
+	f := newFrameLog(t)
+	w := newAckWindow(f, 64, nil)
+	const n = 5000
+	tags := make(chan uint64, 64)
+	go func() {
+		for tag := uint64(1); tag <= n; tag++ {
+			f.mu.Lock()
+			f.tracked = append(f.tracked, tag)
+			f.mu.Unlock()
+			w.track(tag)
+			tags <- tag
+		}
+		close(tags)
+	}()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for tag := range tags {
+				f.markDurable(tag)
+				if tag%97 == 0 {
+					_ = w.nack(tag)
+				} else {
+					w.ready(tag)
+				}
+				w.flush()
+			}
+		})
+	}
+	wg.Wait()
+	w.flushAll()
+	frames, settled := w.stats()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if want := n - n/97; f.acked != want || settled != want {
+		t.Fatalf("broker acked %d, window settled %d, want %d", f.acked, settled, want)
+	}
+	t.Logf("%d acks in %d frames", settled, frames)
+}
