@@ -51,12 +51,12 @@ type ackWindow struct {
 	maxHeld int
 	onError func(error)
 
-	mu    sync.Mutex
-	tags  []uint64 // every tracked tag, ascending, from head on
-	state []ackState
-	head  int
-	held  int // ready, not yet sent
-	timer *time.Timer
+	mu     sync.Mutex
+	tags   []uint64 // every tracked tag, ascending, from head on
+	state  []ackState
+	head   int
+	held   int // ready, not yet sent
+	timer  *time.Timer
 	failed bool // an ack failed: the channel is gone, say it once
 	// stats, for tests and benchmarks
 	frames, settled int
