@@ -57,8 +57,9 @@ SELECT c.consumer, c.tenant, c.key, 'in_progress', c.fingerprint, c.token,
        now() + c.lease * interval '1 microsecond', 1, c.trace_id, c.span_id
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], $6::bigint[], $7::text[], $8::text[])
      AS c(consumer, tenant, key, fingerprint, token, lease, trace_id, span_id)` + crossJoin(from) + `
--- One order for every batch, so that two batches never wait on each other's rows in a cycle.
-ORDER BY c.consumer, c.tenant, c.key
+-- One order for every batch, so that two batches never wait on each other's rows in a cycle:
+-- byte order (COLLATE "C"), the order the runtime sorts keys in, whatever the database's collation.
+ORDER BY c.consumer COLLATE "C", c.tenant COLLATE "C", c.key COLLATE "C"
 ` + takeover + `RETURNING consumer, tenant, key, lease_token, attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
 		inspectBatch: `SELECT ` + recordColumns("k.") + `
@@ -74,7 +75,7 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 ), locked AS MATERIALIZED (
     SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
     WHERE k.lease_token = c.token AND k.state = 'in_progress'
-    ORDER BY k.consumer, k.tenant, k.key
+    ORDER BY k.consumer COLLATE "C", k.tenant COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
 )
 UPDATE ` + t + ` AS k
