@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -187,175 +188,224 @@ func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
 	}
 }
 
-// runGroupTx runs the handlers and commits once. Every item's result says
+// runGroupTx runs the handlers and commits. Every item's result says
 // whether its effects committed (err == nil).
 func (c *Consumer) runGroupTx(ctx context.Context, items []*item) []groupResult {
-	out := make([]groupResult, len(items))
-	failAll := func(err error) []groupResult {
-		for i := range out {
-			if out[i].err == nil {
-				out[i] = groupResult{err: err}
-			}
+	if c.batchHandler != nil || c.cfg.GroupOptimistic {
+		if out, ok := c.runWhole(ctx, items); ok {
+			return out
 		}
-		return out
 	}
+	return c.runIsolated(ctx, items)
+}
+
+// failAll marks every item not yet failed as failed with err.
+func failAll(out []groupResult, err error) []groupResult {
+	for i := range out {
+		if out[i].err == nil {
+			out[i] = groupResult{err: err}
+		}
+	}
+	return out
+}
+
+// runWhole runs the whole group in one transaction without savepoints: the
+// batch handler once, or (optimistic) each handler straight in the
+// transaction; then all keys are completed with one statement and committed
+// once. It reports false, with nothing committed, when a handler failed or a
+// lease was lost: the caller then runs the items isolated. A failed commit
+// fails the group instead: its outcome is unknown, so nothing runs again.
+func (c *Consumer) runWhole(ctx context.Context, items []*item) ([]groupResult, bool) {
 	tx, err := c.store.Pool().Begin(ctx)
 	if err != nil {
-		return failAll(fmt.Errorf("begin: %w", err))
+		return nil, false
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	var once bool
+	var results []dedup.Result
 	if c.batchHandler != nil {
-		once = c.runBatchOnce(ctx, tx, items, out)
-	} else if c.cfg.GroupOptimistic {
-		once = c.runOptimistic(ctx, tx, items, out)
+		results, err = c.runBatch(ctx, tx, items)
+	} else {
+		results, err = c.runHandlers(ctx, tx, items)
 	}
-	if !once {
-		for i, it := range items {
-			if err := c.runOne(ctx, tx, it, &out[i]); err != nil {
-				// The shared transaction is broken: what ran before is lost
-				// too, through no fault of its own.
-				for j := range items {
-					if j != i && (j > i || out[j].err == nil) {
-						out[j] = groupResult{err: fmt.Errorf("batch-mate broke the transaction: %w", err), bystander: true}
-					}
+	if err != nil {
+		return nil, false
+	}
+	leases := make([]*dedup.Lease, len(items))
+	for i, it := range items {
+		leases[i] = it.lease
+	}
+	cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(items))
+	defer cspan.End()
+	lost, err := c.store.CompleteBatch(cctx, tx, leases, results)
+	if err != nil || len(lost) > 0 {
+		cspan.AddEvent("idemq.group_isolated", trace.WithAttributes(attribute.Int("idemq.leases_lost", len(lost))))
+		return nil, false
+	}
+	out := make([]groupResult, len(items))
+	if err := tx.Commit(cctx); err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
+		return failAll(out, fmt.Errorf("commit: %w", err)), true
+	}
+	for i := range out {
+		out[i] = groupResult{result: results[i]}
+	}
+	return out, true
+}
+
+// runBatch runs the batch handler over all items in tx.
+func (c *Consumer) runBatch(ctx context.Context, tx pgx.Tx, items []*item) ([]dedup.Result, error) {
+	hctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	defer cancel()
+	hctx, hspan := c.tracer.Start(hctx, "idemq batch handler", groupLinks(items))
+	defer hspan.End()
+	hspan.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
+	dels := make([]*Delivery, len(items))
+	for i, it := range items {
+		dels[i] = it.del
+	}
+	resps, err := c.safeBatchCall(hctx, handlerTx{tx}, dels)
+	if err == nil && len(resps) != len(items) {
+		err = fmt.Errorf("batch handler returned %d responses for %d deliveries", len(resps), len(items))
+	}
+	if err != nil {
+		hspan.SetStatus(codes.Error, redact.Error(err))
+		hspan.AddEvent("idemq.batch_isolated")
+		return nil, err
+	}
+	results := make([]dedup.Result, len(items))
+	for i, r := range resps {
+		results[i] = dedup.Result{Outcome: dedup.OutcomeOK, Code: r.Code, Response: r.Body}
+	}
+	return results, nil
+}
+
+// runHandlers runs every handler of the group straight in tx, without a
+// savepoint each: one statement per message beyond the handler's own. The
+// first failure stops the pass (the caller rolls it back and isolates).
+func (c *Consumer) runHandlers(ctx context.Context, tx pgx.Tx, items []*item) ([]dedup.Result, error) {
+	results := make([]dedup.Result, len(items))
+	for i, it := range items {
+		hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+		hctx, hspan := c.tracer.Start(hctx, "idemq handler")
+		var herr error
+		results[i], herr = storedResult(c.safeCall(c.withClaim(hctx, it.del), handlerTx{tx}, it.del))
+		if herr != nil {
+			hspan.AddEvent("idemq.group_isolated")
+		}
+		hspan.End()
+		cancel()
+		if herr != nil {
+			return nil, herr
+		}
+	}
+	return results, nil
+}
+
+// runIsolated runs each handler under a savepoint of one shared transaction
+// and completes its key there, so that a failing handler rolls back only its
+// own effects and key; then it commits once.
+func (c *Consumer) runIsolated(ctx context.Context, items []*item) []groupResult {
+	out := make([]groupResult, len(items))
+	tx, err := c.store.Pool().Begin(ctx)
+	if err != nil {
+		return failAll(out, fmt.Errorf("begin: %w", err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	sp := &savepoints{tx: tx}
+	if err := sp.open(ctx); err != nil {
+		return failAll(out, fmt.Errorf("savepoint: %w", err))
+	}
+	for i, it := range items {
+		if err := c.runOne(ctx, sp, it, &out[i], i < len(items)-1); err != nil {
+			// The shared transaction is broken: what ran before is lost
+			// too, through no fault of its own.
+			for j := range items {
+				if j != i && (j > i || out[j].err == nil) {
+					out[j] = groupResult{err: fmt.Errorf("batch-mate broke the transaction: %w", err), bystander: true}
 				}
-				out[i] = groupResult{err: err}
-				return out
 			}
+			out[i] = groupResult{err: err}
+			return out
 		}
 	}
 	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	defer cspan.End()
 	if err := tx.Commit(cctx); err != nil {
 		cspan.SetStatus(codes.Error, redact.Error(err))
-		return failAll(fmt.Errorf("commit: %w", err))
+		return failAll(out, fmt.Errorf("commit: %w", err))
 	}
 	return out
 }
 
-// runOne runs one item's handler under a savepoint of tx and completes its
-// key there. The item's own failure is recorded in r; a returned error means
-// the shared transaction itself is broken.
-func (c *Consumer) runOne(ctx context.Context, tx pgx.Tx, it *item, r *groupResult) error {
+// runOne runs one item's handler above the newest savepoint and completes
+// its key; with more items to come, the next savepoint is opened in the same
+// round trip as the completion. The item's own failure (its handler's error,
+// a lost lease) rolls back to the savepoint and is recorded in r; a returned
+// error means the shared transaction itself is broken.
+func (c *Consumer) runOne(ctx context.Context, sp *savepoints, it *item, r *groupResult, more bool) error {
 	hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
 	defer cancel()
 	hctx, hspan := c.tracer.Start(hctx, "idemq handler")
 	defer hspan.End()
-	sp, err := tx.Begin(hctx)
-	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
 	// In batch mode c.handler runs the batch handler over this one delivery.
-	result, herr := storedResult(c.safeCall(c.withClaim(hctx, it.del), sp, it.del))
+	result, herr := storedResult(c.safeCall(c.withClaim(hctx, it.del), handlerTx{sp.tx}, it.del))
 	if herr == nil {
-		herr = c.store.Complete(hctx, sp, it.lease, result)
+		herr = sp.completeAndOpen(hctx, c.store, it.lease, result, more)
 	}
 	if herr != nil {
 		hspan.SetStatus(codes.Error, redact.Error(herr))
 		r.err = herr
-		if err := sp.Rollback(context.WithoutCancel(ctx)); err != nil {
+		if err := sp.rollback(context.WithoutCancel(ctx)); err != nil {
 			return fmt.Errorf("roll back to savepoint: %w", err)
 		}
 		return nil
-	}
-	if err := sp.Commit(hctx); err != nil {
-		r.err = err
-		return fmt.Errorf("release savepoint: %w", err)
 	}
 	r.result = result
 	return nil
 }
 
-// runBatchOnce runs the batch handler over all items and completes their
-// keys with one statement. It reports whether that worked; if not, the
-// transaction is back where it started (a savepoint) and the caller isolates
-// the items.
-func (c *Consumer) runBatchOnce(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) bool {
-	hctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
-	defer cancel()
-	hctx, hspan := c.tracer.Start(hctx, "idemq batch handler", groupLinks(items))
-	defer hspan.End()
-	hspan.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
-	sp, err := tx.Begin(hctx)
-	if err != nil {
-		return false
-	}
-	dels := make([]*Delivery, len(items))
-	leases := make([]*dedup.Lease, len(items))
-	for i, it := range items {
-		dels[i], leases[i] = it.del, it.lease
-	}
-	resps, err := c.safeBatchCall(hctx, sp, dels)
-	if err == nil && len(resps) != len(items) {
-		err = fmt.Errorf("batch handler returned %d responses for %d deliveries", len(resps), len(items))
-	}
-	if err == nil {
-		results := make([]dedup.Result, len(items))
-		for i, r := range resps {
-			results[i] = dedup.Result{Outcome: dedup.OutcomeOK, Code: r.Code, Response: r.Body}
-		}
-		var lost []*dedup.Lease
-		lost, err = c.store.CompleteBatch(hctx, sp, leases, results)
-		if err == nil && len(lost) > 0 {
-			err = fmt.Errorf("%d of %d keys: %w", len(lost), len(items), dedup.ErrLeaseLost)
-		}
-		if err == nil {
-			if err = sp.Commit(hctx); err == nil {
-				for i := range out {
-					out[i] = groupResult{result: results[i]}
-				}
-				return true
-			}
-		}
-	}
-	hspan.SetStatus(codes.Error, redact.Error(err))
-	hspan.AddEvent("idemq.batch_isolated")
-	_ = sp.Rollback(context.WithoutCancel(ctx))
-	return false
+// savepoints is the stack of savepoints of an isolated group: each item runs
+// above the newest one, which its failure rolls back to (and which then
+// serves the next item); its success opens the next.
+type savepoints struct {
+	tx pgx.Tx
+	n  int
 }
 
-// runOptimistic runs every handler of the group straight in the shared
-// transaction (under one savepoint for the whole pass) and completes all the
-// keys with one statement: one statement per message beyond the handler's
-// own. If any handler fails or any lease was lost, the pass is rolled back
-// and reports false; the caller then runs each handler again under its own
-// savepoint, so that only the failing one fails.
-func (c *Consumer) runOptimistic(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) bool {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return false
+func (sp *savepoints) name(n int) string { return "idemq_item_" + strconv.Itoa(n) }
+
+func (sp *savepoints) open(ctx context.Context) error {
+	if _, err := sp.tx.Exec(ctx, "SAVEPOINT "+sp.name(sp.n+1)); err != nil {
+		return err
 	}
-	results := make([]dedup.Result, len(items))
-	leases := make([]*dedup.Lease, len(items))
-	for i, it := range items {
-		leases[i] = it.lease
-		hctx, cancel := context.WithTimeoutCause(it.ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
-		hctx, hspan := c.tracer.Start(hctx, "idemq handler")
-		var herr error
-		results[i], herr = storedResult(c.safeCall(c.withClaim(hctx, it.del), handlerTx{sp}, it.del))
-		if herr != nil {
-			hspan.AddEvent("idemq.group_isolated")
-			hspan.End()
-			cancel()
-			_ = sp.Rollback(context.WithoutCancel(ctx))
-			return false
-		}
-		hspan.End()
-		cancel()
+	sp.n++
+	return nil
+}
+
+func (sp *savepoints) rollback(ctx context.Context) error {
+	_, err := sp.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp.name(sp.n))
+	return err
+}
+
+// completeAndOpen completes the key and, when open, opens the next
+// savepoint: one round trip. A failure of either leaves the newest
+// savepoint where it was (a lease lost after the next one was opened is
+// undone by the rollback to the older one).
+func (sp *savepoints) completeAndOpen(ctx context.Context, store *dedup.Store, l *dedup.Lease, r dedup.Result, open bool) error {
+	b := &pgx.Batch{}
+	if err := store.QueueComplete(b, l, r); err != nil {
+		return err
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(items))
-	defer cspan.End()
-	lost, err := c.store.CompleteBatch(cctx, sp, leases, results)
-	if err != nil || len(lost) > 0 || sp.Commit(cctx) != nil {
-		_ = sp.Rollback(context.WithoutCancel(ctx))
-		return false
+	if open {
+		b.Queue("SAVEPOINT " + sp.name(sp.n+1))
 	}
-	for i := range out {
-		out[i] = groupResult{result: results[i]}
+	if err := sp.tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
 	}
-	return true
+	if open {
+		sp.n++
+	}
+	return nil
 }
 
 // groupLinks links a span of a whole group, which belongs to no single

@@ -260,6 +260,24 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	return nil
 }
 
+// QueueComplete queues the completion of l's key on b, for a caller that
+// pipelines it with other statements of its transaction (one round trip for
+// all of them). The queued statement reports ErrLeaseLost, through the batch
+// results, when the lease was lost; b must be sent on the transaction that
+// holds the handler's effects (pgx.Tx.SendBatch).
+func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
+	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
+		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	}
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("complete key: %w", ErrLeaseLost)
+		}
+		return nil
+	})
+	return nil
+}
+
 // Release gives the key up after an infrastructure failure: the lease
 // expires now, attempts and created_at are kept, and the next delivery takes
 // the key over. Fenced: a lease already lost gives ErrLeaseLost.
