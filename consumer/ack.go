@@ -26,7 +26,7 @@ const (
 const (
 	// ackHoldFor is how long a ready ack may wait above an unsettled
 	// delivery before it is sent on its own.
-	ackHoldFor = 10 * time.Millisecond
+	ackHoldFor = 20 * time.Millisecond
 	// ackHoldShare: at most prefetch/ackHoldShare ready acks wait; more are
 	// sent on their own, so held acks never starve the prefetch window.
 	ackHoldShare = 2
@@ -51,13 +51,14 @@ type ackWindow struct {
 	maxHeld int
 	onError func(error)
 
-	mu     sync.Mutex
-	tags   []uint64 // every tracked tag, ascending, from head on
-	state  []ackState
-	head   int
-	held   int // ready, not yet sent
-	timer  *time.Timer
-	failed bool // an ack failed: the channel is gone, say it once
+	mu      sync.Mutex
+	tags    []uint64 // every tracked tag, ascending, from head on
+	state   []ackState
+	readyAt []time.Time // when a ready ack began to wait
+	head    int
+	held    int // ready, not yet sent
+	timer   *time.Timer
+	failed  bool // an ack failed: the channel is gone, say it once
 	// stats, for tests and benchmarks
 	frames, settled int
 }
@@ -71,6 +72,7 @@ func (w *ackWindow) track(tag uint64) {
 	w.mu.Lock()
 	w.tags = append(w.tags, tag)
 	w.state = append(w.state, ackPending)
+	w.readyAt = append(w.readyAt, time.Time{})
 	w.mu.Unlock()
 }
 
@@ -81,6 +83,7 @@ func (w *ackWindow) ready(tag uint64) {
 	defer w.mu.Unlock()
 	if i, ok := w.find(tag); ok && w.state[i] == ackPending {
 		w.state[i] = ackReady
+		w.readyAt[i] = time.Now()
 		w.held++
 	}
 }
@@ -108,7 +111,7 @@ func (w *ackWindow) flush() {
 	w.advance()
 	switch {
 	case w.held > w.maxHeld:
-		w.sendHeld()
+		w.sendHeld(time.Time{})
 	case w.held > 0 && w.timer == nil:
 		w.timer = time.AfterFunc(ackHoldFor, w.expire)
 	}
@@ -120,15 +123,20 @@ func (w *ackWindow) flushAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.advance()
-	w.sendHeld()
+	w.sendHeld(time.Time{})
 }
 
+// expire sends the acks that have waited ackHoldFor, and waits again for
+// the others.
 func (w *ackWindow) expire() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.timer = nil
 	w.advance()
-	w.sendHeld()
+	w.sendHeld(time.Now().Add(-ackHoldFor))
+	if w.held > 0 {
+		w.timer = time.AfterFunc(ackHoldFor/2, w.expire)
+	}
 }
 
 // advance pops the settled prefix and acks it with one frame.
@@ -151,14 +159,16 @@ func (w *ackWindow) advance() {
 	if w.head > 64 && w.head*2 > len(w.tags) {
 		w.tags = slices.Delete(w.tags, 0, w.head)
 		w.state = slices.Delete(w.state, 0, w.head)
+		w.readyAt = slices.Delete(w.readyAt, 0, w.head)
 		w.head = 0
 	}
 }
 
-// sendHeld acks every held ready tag on its own.
-func (w *ackWindow) sendHeld() {
+// sendHeld acks on its own every held ready tag that has waited since
+// cutoff (every one for a zero cutoff).
+func (w *ackWindow) sendHeld(cutoff time.Time) {
 	for i := w.head; i < len(w.tags) && w.held > 0; i++ {
-		if w.state[i] == ackReady {
+		if w.state[i] == ackReady && (cutoff.IsZero() || !w.readyAt[i].After(cutoff)) {
 			w.send(w.tags[i], false)
 			w.state[i] = ackSent
 			w.held--

@@ -234,3 +234,43 @@ func TestAckWindowConcurrentWorkers(t *testing.T) {
 	}
 	t.Logf("%d acks in %d frames", settled, frames)
 }
+
+type discardAcks struct{}
+
+func (discardAcks) Ack(uint64, bool) error        { return nil }
+func (discardAcks) Nack(uint64, bool, bool) error { return nil }
+
+// BenchmarkAckWindow settles deliveries as 8 workers of 16-message groups
+// do: the cost of tracking, marking and flushing one delivery. (Frames per
+// ack here are not the consumer's: nothing bounds the deliveries in flight
+// as a prefetch does, so held acks overflow.)
+func BenchmarkAckWindow(b *testing.B) {
+	w := newAckWindow(discardAcks{}, 256, nil)
+	groups := make(chan []uint64, 16)
+	go func() {
+		defer close(groups)
+		tag := uint64(0)
+		for n := 0; n < b.N; n += 16 {
+			g := make([]uint64, 16)
+			for i := range g {
+				tag++
+				w.track(tag)
+				g[i] = tag
+			}
+			groups <- g
+		}
+	}()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for g := range groups {
+				for _, tag := range g {
+					w.ready(tag)
+				}
+				w.flush()
+			}
+		})
+	}
+	wg.Wait()
+	w.flushAll()
+}

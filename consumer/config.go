@@ -70,7 +70,7 @@ type Config struct {
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries
 	// up to the lowest one still in flight, and an ack held above a slow
-	// delivery waits at most 10ms before it is sent on its own. Either way
+	// delivery waits at most 20ms before it is sent on its own. Either way
 	// no delivery is acked before the commit that made its outcome durable.
 	IndividualAcks bool
 	// GroupLinger is how long a worker waits for a group to fill; 0 takes
@@ -141,7 +141,7 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 	// OnOutcome, when set, is called once for each delivery after its ack
 	// (with coalesced acks: after its ack was handed to the ack window, which
-	// sends it within 10ms).
+	// sends it within 20ms).
 	OnOutcome func(Event)
 	// ConnectionName names the AMQP connections in the broker's UI.
 	ConnectionName string
