@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -607,5 +609,33 @@ func checkMetrics(t *testing.T, p *proc) {
 	}
 	if body := get("/metrics"); !strings.Contains(body, "idemq_consumer_deliveries") {
 		t.Errorf("/metrics has no consumer deliveries:\n%s", body)
+	}
+}
+
+// idemq bench runs every scenario in one run and prints the table, with
+// each scenario's ratio to the bare consumer, and writes the plot.
+func TestBench(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "bench.svg")
+	r := mustRun(t, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
+		"--max-duration", "10s", "--watermill-dir", "", "--plot", plot)
+	rows := []string{
+		"bare amqp091-go consume+ack", "idemq per-message (1 tx/msg)", "idemq per-message, group commit 32",
+		"idemq per-message, optimistic group 32", "idemq batch handler 100", "idemq optimistic group 32, 20% dup",
+		"idemq batch 100, 20% dup", "bare amqp091-go, again",
+	}
+	table := r.stdout[strings.Index(r.stdout, "scenario  msg/s"):]
+	for _, row := range rows {
+		fields := regexp.MustCompile(regexp.QuoteMeta(row) + `\s+(\d+)\s+(\d+)%`).FindStringSubmatch(table)
+		if fields == nil {
+			t.Errorf("no table row for %q:\n%s", row, r.stdout)
+			continue
+		}
+		if fields[1] == "0" || fields[2] == "0" {
+			t.Errorf("row %q has no throughput or ratio: %s", row, fields[0])
+		}
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
+		t.Fatalf("plot %s: %v %.40q", plot, err, svg)
 	}
 }
