@@ -24,6 +24,8 @@
 // are acked ("duplicate"), busy keys come back later ("in_progress"), reused
 // and invalid keys go to the DLQ with their reason. A message is acked only
 // after what replaces it is durable: the commit, or a publisher-confirmed copy.
+// Acks are coalesced into multiple-acks up to the lowest delivery still in
+// flight (IndividualAcks turns that off).
 //
 // # Topology
 //
