@@ -73,17 +73,38 @@ func (f *frameLog) isSettled(tag uint64) bool {
 	return f.settled[tag]
 }
 
-func TestAckWindowCoalescesASettledPrefix(t *testing.T) {
+// deliveredWindow is a window of the given prefetch over tags 1..n, all
+// delivered, and the frame log that checks what it sends.
+func deliveredWindow(t *testing.T, prefetch int, n uint64) (*ackWindow, *frameLog) {
 	f := newFrameLog(t)
-	w := newAckWindow(f, 256, nil)
-	for tag := uint64(1); tag <= 16; tag++ {
+	w := newAckWindow(f, prefetch, nil)
+	for tag := uint64(1); tag <= n; tag++ {
 		f.tracked = append(f.tracked, tag)
 		w.track(tag)
 	}
-	for tag := uint64(1); tag <= 16; tag++ {
+	return w, f
+}
+
+// markReady makes tags durable and marks them ready.
+func markReady(w *ackWindow, f *frameLog, tags ...uint64) {
+	for _, tag := range tags {
 		f.markDurable(tag)
 		w.ready(tag)
 	}
+}
+
+// span returns the tags from..to.
+func span(from, to uint64) []uint64 {
+	var out []uint64
+	for tag := from; tag <= to; tag++ {
+		out = append(out, tag)
+	}
+	return out
+}
+
+func TestAckWindowCoalescesASettledPrefix(t *testing.T) {
+	w, f := deliveredWindow(t, 256, 16)
+	markReady(w, f, span(1, 16)...)
 	w.flush()
 	frames, settled := w.stats()
 	if frames != 1 || settled != 16 || f.acked != 16 {
@@ -92,17 +113,9 @@ func TestAckWindowCoalescesASettledPrefix(t *testing.T) {
 }
 
 func TestAckWindowHoldsAcksAboveAnUnsettledDelivery(t *testing.T) {
-	f := newFrameLog(t)
-	w := newAckWindow(f, 256, nil)
-	for tag := uint64(1); tag <= 10; tag++ {
-		f.tracked = append(f.tracked, tag)
-		w.track(tag)
-	}
+	w, f := deliveredWindow(t, 256, 10)
 	// Tag 1 is slow; 2..10 are done.
-	for tag := uint64(2); tag <= 10; tag++ {
-		f.markDurable(tag)
-		w.ready(tag)
-	}
+	markReady(w, f, span(2, 10)...)
 	w.flush()
 	if f.isSettled(1) {
 		t.Fatal("tag 1 settled while still in flight")
@@ -118,8 +131,7 @@ func TestAckWindowHoldsAcksAboveAnUnsettledDelivery(t *testing.T) {
 	if f.isSettled(1) {
 		t.Fatal("tag 1 settled by a held ack")
 	}
-	f.markDurable(1)
-	w.ready(1)
+	markReady(w, f, 1)
 	w.flush()
 	if !f.isSettled(1) {
 		t.Fatal("tag 1 not acked after it became ready")
@@ -130,16 +142,8 @@ func TestAckWindowHoldsAcksAboveAnUnsettledDelivery(t *testing.T) {
 }
 
 func TestAckWindowSendsHeldAcksWhenTooManyWait(t *testing.T) {
-	f := newFrameLog(t)
-	w := newAckWindow(f, 8, nil) // at most 4 held
-	for tag := uint64(1); tag <= 8; tag++ {
-		f.tracked = append(f.tracked, tag)
-		w.track(tag)
-	}
-	for tag := uint64(2); tag <= 6; tag++ {
-		f.markDurable(tag)
-		w.ready(tag)
-	}
+	w, f := deliveredWindow(t, 8, 8)
+	markReady(w, f, span(2, 6)...)
 	w.flush()
 	for tag := uint64(2); tag <= 6; tag++ {
 		if !f.isSettled(tag) {
@@ -152,19 +156,11 @@ func TestAckWindowSendsHeldAcksWhenTooManyWait(t *testing.T) {
 }
 
 func TestAckWindowNackIsNeverCoveredByAMultipleAck(t *testing.T) {
-	f := newFrameLog(t)
-	w := newAckWindow(f, 256, nil)
-	for tag := uint64(1); tag <= 5; tag++ {
-		f.tracked = append(f.tracked, tag)
-		w.track(tag)
-	}
+	w, f := deliveredWindow(t, 256, 5)
 	if err := w.nack(3); err != nil {
 		t.Fatal(err)
 	}
-	for _, tag := range []uint64{1, 2, 4, 5} {
-		f.markDurable(tag)
-		w.ready(tag)
-	}
+	markReady(w, f, 1, 2, 4, 5)
 	w.flush()
 	// The frame log fails the test if the multiple ack settled tag 3 again.
 	if f.acked != 4 || f.multiple != 1 {
@@ -173,16 +169,8 @@ func TestAckWindowNackIsNeverCoveredByAMultipleAck(t *testing.T) {
 }
 
 func TestAckWindowFlushAllSendsEveryReadyAck(t *testing.T) {
-	f := newFrameLog(t)
-	w := newAckWindow(f, 256, nil)
-	for tag := uint64(1); tag <= 6; tag++ {
-		f.tracked = append(f.tracked, tag)
-		w.track(tag)
-	}
-	for _, tag := range []uint64{1, 2, 4, 6} { // 3 and 5 never ran
-		f.markDurable(tag)
-		w.ready(tag)
-	}
+	w, f := deliveredWindow(t, 256, 6)
+	markReady(w, f, 1, 2, 4, 6) // 3 and 5 never ran
 	w.flushAll()
 	for _, tag := range []uint64{1, 2, 4, 6} {
 		if !f.isSettled(tag) {
