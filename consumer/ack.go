@@ -59,6 +59,7 @@ type ackWindow struct {
 	held    int // ready, not yet sent
 	timer   *time.Timer
 	failed  bool // an ack failed: the channel is gone, say it once
+	stopped bool // the session ended: nothing more is sent
 	// stats, for tests and benchmarks
 	frames, settled int
 }
@@ -108,6 +109,9 @@ func (w *ackWindow) nack(tag uint64) error {
 func (w *ackWindow) flush() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
 	w.advance()
 	switch {
 	case w.held > w.maxHeld:
@@ -122,8 +126,24 @@ func (w *ackWindow) flush() {
 func (w *ackWindow) flushAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
 	w.advance()
 	w.sendHeld(time.Time{})
+}
+
+// stop ends the window with its session: held acks are dropped (the
+// channel is closing; the broker redelivers those messages and their keys
+// make that harmless) and the timer no longer fires.
+func (w *ackWindow) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
 }
 
 // expire sends the acks that have waited ackHoldFor, and waits again for
@@ -132,6 +152,9 @@ func (w *ackWindow) expire() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.timer = nil
+	if w.stopped {
+		return
+	}
 	w.advance()
 	w.sendHeld(time.Now().Add(-ackHoldFor))
 	if w.held > 0 {

@@ -262,3 +262,18 @@ func BenchmarkAckWindow(b *testing.B) {
 	wg.Wait()
 	w.flushAll()
 }
+
+// A stopped window (its session ended) sends nothing more, not even when
+// the hold timer it armed would have fired.
+func TestAckWindowSendsNothingAfterStop(t *testing.T) {
+	w, f := deliveredWindow(t, 256, 4)
+	markReady(w, f, 2, 3, 4) // held above tag 1: the timer is armed
+	w.flush()
+	w.stop()
+	// Nothing to wait for: the absence of frames over three hold periods.
+	<-time.After(3 * ackHoldFor)
+	w.flushAll()
+	if frames, _ := w.stats(); frames != 0 {
+		t.Fatalf("%d frames sent after stop, want 0", frames)
+	}
+}

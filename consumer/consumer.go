@@ -245,6 +245,7 @@ func (c *Consumer) session(ctx context.Context) error {
 		s.acks = newAckWindow(ch, c.cfg.Prefetch, func(err error) {
 			c.log.Warn("ack failed; the broker redelivers the unacked messages", "err", redact.Error(err))
 		})
+		defer s.acks.stop()
 	}
 	// The library hands deliveries over one by one on an unbuffered channel;
 	// a buffer as deep as the prefetch lets a worker take a whole group at
