@@ -616,8 +616,12 @@ func checkMetrics(t *testing.T, p *proc) {
 // each scenario's ratio to the bare consumer, and writes the plot.
 func TestBench(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "bench.svg")
-	r := mustRun(t, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
+	// Nine scenarios, each a worker process or two: minutes on a loaded machine.
+	r := idemqWithin(t, 4*time.Minute, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
 		"--max-duration", "10s", "--watermill-dir", "", "--plot", plot)
+	if r.code != 0 {
+		t.Fatalf("idemq bench: %s", r)
+	}
 	rows := []string{
 		"bare amqp091-go consume+ack", "idemq per-message (1 tx/msg)", "idemq per-message, group commit 32",
 		"idemq per-message, optimistic group 32", "idemq batch handler 100", "idemq optimistic group 32, 20% dup",

@@ -83,7 +83,13 @@ func (r result) String() string {
 // idemq runs the binary to completion (at most a minute).
 func idemq(t testing.TB, environ []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	return idemqWithin(t, time.Minute, environ, args...)
+}
+
+// idemqWithin runs the binary to completion, killing it after timeout.
+func idemqWithin(t testing.TB, timeout time.Duration, environ []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Env = environ
