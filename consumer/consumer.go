@@ -134,6 +134,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: already running")
 	}
 	defer c.running.Store(false)
+	if c.batchHandler == nil && !c.cfg.GroupOptimistic && c.cfg.GroupSize > maxSavepointGroup {
+		c.log.Warn("group commit with more savepoints than Postgres caches per transaction; every session's snapshots slow down while such a group runs",
+			"group_size", c.cfg.GroupSize, "advised_max", maxSavepointGroup)
+	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(200*time.Millisecond),
 		backoff.WithMaxInterval(15*time.Second),

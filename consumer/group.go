@@ -364,6 +364,12 @@ func (c *Consumer) runOne(ctx context.Context, sp *savepoints, it *item, r *grou
 	return nil
 }
 
+// maxSavepointGroup is the largest savepoint group that stays within the
+// subtransactions a Postgres backend caches (PGPROC_MAX_CACHED_SUBXIDS):
+// beyond it, every session's snapshots must look subtransactions up on disk
+// while the group runs.
+const maxSavepointGroup = 64
+
 // savepoints is the stack of savepoints of an isolated group: each item runs
 // above the newest one, which its failure rolls back to (and which then
 // serves the next item); its success opens the next.
