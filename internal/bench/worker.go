@@ -223,6 +223,9 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
 		cfg.GroupLinger, _ = time.ParseDuration(v)
 	}
+	// IDEMQ_BENCH_INDIVIDUAL_ACKS=1 measures the consumer with one ack frame
+	// per delivery (Config.IndividualAcks).
+	cfg.IndividualAcks = os.Getenv("IDEMQ_BENCH_INDIVIDUAL_ACKS") == "1"
 	var c *consumer.Consumer
 	if spec.Mode == modeBatch {
 		c, err = consumer.NewBatch(store, func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {
