@@ -247,13 +247,27 @@ func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
 // together or not at all. If the lease was taken over or released it returns
 // ErrLeaseLost and the caller must roll back.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) error {
-	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
-		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	if err := checkOutcome(r); err != nil {
+		return err
 	}
 	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
+	return completedOrLost(tag)
+}
+
+// checkOutcome refuses a result that is neither ok nor rejected.
+func checkOutcome(r Result) error {
+	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
+		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	}
+	return nil
+}
+
+// completedOrLost reads a completion's command tag: no row means the lease
+// was lost (fenced out).
+func completedOrLost(tag pgconn.CommandTag) error {
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("complete key: %w", ErrLeaseLost)
 	}
@@ -266,15 +280,10 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 // results, when the lease was lost; b must be sent on the transaction that
 // holds the handler's effects (pgx.Tx.SendBatch).
 func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
-	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
-		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	if err := checkOutcome(r); err != nil {
+		return err
 	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response).Exec(func(tag pgconn.CommandTag) error {
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("complete key: %w", ErrLeaseLost)
-		}
-		return nil
-	})
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response).Exec(completedOrLost)
 	return nil
 }
 
