@@ -167,22 +167,7 @@ func TestRelayBrokerConnectionClosed(t *testing.T) {
 		})
 	}
 	committed := <-done
-	waitFor(t, 60*time.Second, "every row published", func() bool { return e.backlog(t).Pending == 0 })
-	waitFor(t, 30*time.Second, "every message consumed", func() bool {
-		distinct, _ := c.counts()
-		return distinct >= n
-	})
-	got := c.snapshot()
-	dups := 0
-	for _, id := range committed {
-		if got[id] == 0 {
-			t.Fatalf("message %s lost", id)
-		}
-		dups += got[id] - 1
-	}
-	if len(got) != n {
-		t.Fatalf("received %d distinct message ids, want %d", len(got), n)
-	}
+	dups := e.waitAllPublished(t, c, committed, n)
 	s, err := r.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -252,22 +237,7 @@ func TestRelayKilledProcess(t *testing.T) {
 	}
 
 	e.startRelay(t, e.relayConfig(t))
-	waitFor(t, 60*time.Second, "every row published", func() bool { return e.backlog(t).Pending == 0 })
-	waitFor(t, 30*time.Second, "every message consumed", func() bool {
-		distinct, _ := c.counts()
-		return distinct >= n
-	})
-	got := c.snapshot()
-	dups := 0
-	for _, id := range committed {
-		if got[id] == 0 {
-			t.Fatalf("message %s lost", id)
-		}
-		dups += got[id] - 1
-	}
-	if len(got) != n {
-		t.Fatalf("received %d distinct message ids, want %d", len(got), n)
-	}
+	dups := e.waitAllPublished(t, c, committed, n)
 	t.Logf("%d duplicates after the kill, each with its row's message id", dups)
 	if midBatch && dups == 0 {
 		t.Fatal("killed mid-batch, yet no message was published twice")
@@ -641,4 +611,27 @@ func TestRelayBrokerDown(t *testing.T) {
 	if strings.Contains(out, "s3cret") || !strings.Contains(out, "amqp://relay:xxxxx@broker.invalid") {
 		t.Fatalf("logs do not redact the password:\n%s", out)
 	}
+}
+
+// waitAllPublished waits until the outbox is drained and n distinct
+// messages were consumed, fails on a committed message that never came or
+// on a stray one, and returns how many extra copies arrived.
+func (e *env) waitAllPublished(t *testing.T, c *collector, committed []string, n int) (dups int) {
+	t.Helper()
+	waitFor(t, 60*time.Second, "every row published", func() bool { return e.backlog(t).Pending == 0 })
+	waitFor(t, 30*time.Second, "every message consumed", func() bool {
+		distinct, _ := c.counts()
+		return distinct >= n
+	})
+	got := c.snapshot()
+	for _, id := range committed {
+		if got[id] == 0 {
+			t.Fatalf("message %s lost", id)
+		}
+		dups += got[id] - 1
+	}
+	if len(got) != n {
+		t.Fatalf("received %d distinct message ids, want %d", len(got), n)
+	}
+	return dups
 }
