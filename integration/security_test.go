@@ -403,16 +403,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		} else {
 			assertNoSecret(t, "consumer.Apply error", err.Error(), secrets...)
 		}
-		store, err := dedup.NewStore(testdb.Pool(t, 2), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := consumer.New(store, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
-			return consumer.Response{}, nil
-		}, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := idleConsumer(t, &cfg)
 		runFor(t, c.Run, func() { logs.waitLog(t, "reconnecting", 2) })
 	})
 
@@ -424,16 +415,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		u.User = url.UserPassword(u.User.Username(), amqpSecret)
 		before := strings.Count(logs.String(), "reconnecting")
 		cfg := consumer.Config{URL: u.String(), Queue: "redact", Name: "redact-pw", Logger: logs.logger()}
-		store, err := dedup.NewStore(testdb.Pool(t, 2), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := consumer.New(store, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
-			return consumer.Response{}, nil
-		}, &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := idleConsumer(t, &cfg)
 		runFor(t, c.Run, func() { logs.waitLog(t, "reconnecting", before+2) })
 	})
 
@@ -705,4 +687,21 @@ func TestTenantIsolationEndToEnd(t *testing.T) {
 	if ev.Tenant != user {
 		t.Fatalf("tenant %q, want the publishing user %q (the header said tenant-a)", ev.Tenant, user)
 	}
+}
+
+// idleConsumer is a consumer of cfg whose handler does nothing, on a store
+// of its own: for tests of what it logs while it cannot connect.
+func idleConsumer(t *testing.T, cfg *consumer.Config) *consumer.Consumer {
+	t.Helper()
+	store, err := dedup.NewStore(testdb.Pool(t, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(store, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+		return consumer.Response{}, nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
