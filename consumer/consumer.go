@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -215,11 +216,10 @@ func (c *Consumer) session(ctx context.Context) error {
 			return err
 		}
 	}
-	pub, err := newPublisher(pubCh, c.cfg.PublishTimeout, "p")
+	pub, err := confirm.New(pubCh, conn.Config.FrameSize)
 	if err != nil {
 		return err
 	}
-	defer pub.close()
 
 	ch, err := conn.Channel()
 	if err != nil {
@@ -312,7 +312,7 @@ func (c *Consumer) session(ctx context.Context) error {
 
 // session is the state workers share during one connection.
 type session struct {
-	pub  *publisher
+	pub  *confirm.Publisher
 	stop chan struct{}
 	acks *ackWindow // nil with IndividualAcks
 }

@@ -180,7 +180,7 @@ func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
 			} else {
 				it.ev.Outcome = OutcomeProcessed
 			}
-			c.reply(it.ctx, s, it.d, &r.result)
+			it.ev.ReplyErr = c.reply(it.ctx, s, it.d, &r.result)
 			it.ev = c.ack(s, it.d, it.ev)
 			continue
 		}

@@ -17,9 +17,11 @@ type metrics struct {
 	retries     metric.Int64Counter
 	deadLetters metric.Int64Counter
 	reconnects  metric.Int64Counter
-	inProgress  metric.Int64UpDownCounter
-	handlerTime metric.Float64Histogram
-	reserveTime metric.Float64Histogram
+	// repliesFailed counts replies to reply_to the broker did not take.
+	repliesFailed metric.Int64Counter
+	inProgress    metric.Int64UpDownCounter
+	handlerTime   metric.Float64Histogram
+	reserveTime   metric.Float64Histogram
 
 	base  attribute.Set
 	attrs []attribute.KeyValue
@@ -47,6 +49,10 @@ func newMetrics(mp metric.MeterProvider, queue, name string) (*metrics, error) {
 	}
 	if out.reconnects, err = m.Int64Counter("idemq.consumer.reconnects",
 		metric.WithDescription("Broker reconnections."), metric.WithUnit("{reconnect}")); err != nil {
+		return nil, err
+	}
+	if out.repliesFailed, err = m.Int64Counter("idemq.consumer.replies_failed",
+		metric.WithDescription("Replies to reply_to that the broker returned, refused or did not confirm."), metric.WithUnit("{message}")); err != nil {
 		return nil, err
 	}
 	if out.inProgress, err = m.Int64UpDownCounter("idemq.consumer.keys_in_progress",

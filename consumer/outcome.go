@@ -1,6 +1,10 @@
 package consumer
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemq/idemq/internal/confirm"
+)
 
 // Outcome is what happened to one delivery: the value of the span attribute
 // idemq.outcome and of the metric label.
@@ -17,6 +21,12 @@ const (
 	OutcomeInProgress   Outcome = "in_progress"
 	OutcomeKeyReuse     Outcome = "key_reuse"
 	OutcomeInvalidKey   Outcome = "invalid_key"
+	// OutcomeCopyFailed: the copy that was to replace the delivery (retry,
+	// dead letter) was not confirmed durable (returned as unroutable,
+	// nacked, not confirmed in time, channel closed), so the delivery went
+	// back to its queue unacknowledged and will come again. Event.Err says
+	// what failed.
+	OutcomeCopyFailed Outcome = "copy_failed"
 )
 
 // Reason words carried by dead letters in header x-idemq-reason.
@@ -42,6 +52,27 @@ type Event struct {
 	// TraceID is the trace of this delivery's process span (hex); for a
 	// duplicate, OriginalTraceID is the trace of the processing it duplicated.
 	TraceID, OriginalTraceID string
+	// ReplyErr is set when the stored result could not be delivered to the
+	// message's reply_to (the reply was returned, refused or not confirmed).
+	// The delivery itself is settled; a requester that resends gets the
+	// stored result again.
+	ReplyErr error
 	// Duration is the time from delivery to ack.
 	Duration time.Duration
 }
+
+// Errors that Event.Err wraps when the copy that was to replace a delivery
+// did not become durable (OutcomeCopyFailed). Test them with errors.Is.
+var (
+	// ErrUnroutable: the broker returned the copy; no queue took it (a
+	// retry tier or the DLQ missing or unbound).
+	ErrUnroutable = confirm.ErrUnroutable
+	// ErrNacked: the broker refused the copy.
+	ErrNacked = confirm.ErrNacked
+	// ErrChannelClosed: the publishing channel closed before the broker
+	// confirmed the copy.
+	ErrChannelClosed = confirm.ErrClosed
+	// ErrTooLarge: the copy's headers would not fit the connection's
+	// frame_max.
+	ErrTooLarge = confirm.ErrTooLarge
+)

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -161,7 +162,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		it.ev.Outcome = OutcomeDuplicate
 		it.ev.OriginalTraceID = res.Record.TraceID
 		c.markDuplicate(ctx, it.span, res.Record)
-		c.reply(ctx, s, d, res.Record.Result)
+		it.ev.ReplyErr = c.reply(ctx, s, d, res.Record.Result)
 		it.ev = c.ack(s, d, it.ev)
 		return false
 	case dedup.Busy:
@@ -229,7 +230,7 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 		} else {
 			ev.Outcome = OutcomeProcessed
 		}
-		c.reply(ctx, s, d, &result)
+		ev.ReplyErr = c.reply(ctx, s, d, &result)
 		return c.ack(s, d, ev)
 	}
 	if cause := context.Cause(hctx); cause != nil && !errors.Is(herr, cause) {
@@ -366,54 +367,75 @@ func (c *Consumer) retryOrDeadLetter(ctx context.Context, s *session, d *amqp.De
 		return c.deadLetter(ctx, s, d, ev, ReasonMaxAttemptsExceeded, cause, attempt)
 	}
 	ev.Outcome = OutcomeRetried
-	c.metrics.retries.Add(ctx, 1, c.metrics.with())
-	return c.publishThenAck(ctx, s, d, ev, "", c.topo.TierFor(attempt), RetryHeaders(attempt+1), "idemq retry publish")
+	ev, ok := c.publishThenAck(ctx, s, d, ev, "", c.topo.TierFor(attempt), RetryHeaders(attempt+1), "idemq retry publish")
+	if ok {
+		c.metrics.retries.Add(ctx, 1, c.metrics.with())
+	}
+	return ev
 }
 
 // retryLater sends the delivery through a delay tier without counting an
 // attempt (busy key, lost lease).
 func (c *Consumer) retryLater(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, tier string, cause error) Event {
 	ev.Err = cause
-	return c.publishThenAck(ctx, s, d, ev, "", tier, RetryHeaders(attempt), "idemq retry publish")
+	ev, _ = c.publishThenAck(ctx, s, d, ev, "", tier, RetryHeaders(attempt), "idemq retry publish")
+	return ev
 }
 
 // deadLetter publishes a copy to Q.dlx with the reason headers, then acks.
+// It is counted and logged as dead-lettered only once the broker confirmed
+// the copy.
 func (c *Consumer) deadLetter(ctx context.Context, s *session, d *amqp.Delivery, ev Event, reason string, cause error, attempt int) Event {
 	if ev.Outcome == "" || ev.Outcome == OutcomeRetried {
 		ev.Outcome = OutcomeDeadLettered
 	}
 	ev.Reason, ev.Err = reason, cause
-	c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", reason)))
-	c.log.Warn("dead-lettered", "reason", reason, "key_hash", ev.KeyHash, "attempt", attempt, "err", redact.Error(cause))
-	return c.publishThenAck(ctx, s, d, ev, c.topo.DLX, "", DeadLetterHeaders(reason, cause, attempt), "idemq dlq publish")
+	ev, ok := c.publishThenAck(ctx, s, d, ev, c.topo.DLX, "", DeadLetterHeaders(reason, cause, attempt), "idemq dlq publish")
+	if ok {
+		c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", reason)))
+		c.log.Warn("dead-lettered", "reason", reason, "key_hash", ev.KeyHash, "attempt", attempt, "err", redact.Error(cause))
+	}
+	return ev
 }
 
+// copyFailedPause is how long a delivery whose replacing copy could not be
+// made durable is held before it goes back to its queue, so that a broken
+// route (a deleted tier or DLQ) does not turn into a redelivery loop at full
+// speed.
+const copyFailedPause = time.Second
+
 // publishThenAck publishes the copy that replaces d and acks d once the
-// broker confirmed the copy. If the copy cannot be made durable, d is
-// returned to the queue instead (nack with requeue); never dropped.
-func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Delivery, ev Event, exchange, key string, headers amqp.Table, spanName string) Event {
+// broker confirmed the copy (ok). If the copy cannot be made durable
+// (unroutable, nacked, not confirmed in time, channel closed), d goes back
+// to its queue instead (nack with requeue), never dropped, and the outcome
+// is OutcomeCopyFailed.
+func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Delivery, ev Event, exchange, key string, headers amqp.Table, spanName string) (_ Event, ok bool) {
 	msg := copyOf(d, time.Now(), headers)
 	pctx, span := c.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("messaging.system", "rabbitmq"),
 			attribute.String("messaging.operation.type", "publish"),
 			attribute.String("messaging.destination.name", exchange+key)))
 	c.prop.Inject(pctx, headerCarrier(msg.Headers))
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), settleTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), c.cfg.PublishTimeout)
 	defer cancel()
-	err := s.pub.publish(sctx, exchange, key, msg)
+	err := s.pub.PublishWait(sctx, exchange, key, msg)
 	if err != nil {
 		span.SetStatus(codes.Error, redact.Error(err))
 		span.End()
-		c.log.Error("could not publish the replacing copy; returning the message to the queue",
-			"key_hash", ev.KeyHash, "err", redact.Error(err))
-		s.nack(d)
-		if ev.Err == nil {
-			ev.Err = err
+		c.log.Error("the copy that replaces the message is not durable; returning the message to its queue",
+			"intended", string(ev.Outcome), "reason", ev.Reason, "key_hash", ev.KeyHash, "err", redact.Error(err))
+		ev.Outcome, ev.Err = OutcomeCopyFailed, fmt.Errorf("%s: %w", spanName, err)
+		if !errors.Is(err, confirm.ErrClosed) {
+			select {
+			case <-s.stop:
+			case <-time.After(copyFailedPause):
+			}
 		}
-		return ev
+		s.nack(d)
+		return ev, false
 	}
 	span.End()
-	return c.ack(s, d, ev)
+	return c.ack(s, d, ev), true
 }
 
 // ack settles d once its outcome is durable: at once, or through the
@@ -434,21 +456,25 @@ func (c *Consumer) ack(s *session, d *amqp.Delivery, ev Event) Event {
 // reply sends the stored response to reply_to, when the message asks for one.
 // Best effort: a lost reply is recovered by resending the request, which
 // gets the stored response again.
-func (c *Consumer) reply(ctx context.Context, s *session, d *amqp.Delivery, r *dedup.Result) {
+func (c *Consumer) reply(ctx context.Context, s *session, d *amqp.Delivery, r *dedup.Result) error {
 	if d.ReplyTo == "" || r == nil || c.cfg.NoReply {
-		return
+		return nil
 	}
 	msg := amqp.Publishing{
 		CorrelationId: d.CorrelationId,
 		MessageId:     d.MessageId,
+		DeliveryMode:  amqp.Persistent,
 		Body:          r.Response,
 		Headers:       amqp.Table{"x-idemq-outcome": string(r.Outcome), "x-idemq-response-code": int32(r.Code)},
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.PublishTimeout)
 	defer cancel()
-	if err := s.pub.publish(sctx, "", d.ReplyTo, msg); err != nil {
-		c.log.Warn("reply not delivered", "err", redact.Error(err))
+	if err := s.pub.PublishWait(sctx, "", d.ReplyTo, msg); err != nil {
+		c.metrics.repliesFailed.Add(ctx, 1, c.metrics.with())
+		c.log.Warn("reply not delivered; the requester gets the stored result again if it resends", "err", redact.Error(err))
+		return fmt.Errorf("reply to %s: %w", d.ReplyTo, err)
 	}
+	return nil
 }
 
 func derefTime(t *time.Time) time.Time {

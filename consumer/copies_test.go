@@ -1,0 +1,165 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Tests of the rule "a message is acked only after what replaces it is
+// durable" at the edges where the replacing copy has nowhere to go.
+
+func alwaysFails(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+	return consumer.Response{}, errInfra
+}
+
+// queueHolds waits until the named queue holds n messages (ready and
+// unacked: the consumer is stopped first, so all are ready).
+func (h *harness) queueHolds(name string, n int, timeout time.Duration) {
+	h.t.Helper()
+	ch, err := h.conn.Channel()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			h.t.Fatalf("inspect %s: %v", name, err)
+		}
+		if q.Messages == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s holds %d messages after %s, want %d", name, q.Messages, timeout, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitConsumers waits until the work queue has n consumers (their topology
+// declared).
+func (h *harness) waitConsumers(n int, timeout time.Duration) {
+	h.t.Helper()
+	ch, err := h.conn.Channel()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		q, err := ch.QueueDeclarePassive(h.cfg.Queue, true, false, false, false, nil)
+		if err != nil {
+			h.t.Fatalf("inspect %s: %v", h.cfg.Queue, err)
+		}
+		if q.Consumers >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s has %d consumers after %s, want %d", h.cfg.Queue, q.Consumers, timeout, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func copyFailures(evs []consumer.Event, target error) int {
+	n := 0
+	for _, e := range evs {
+		if e.Outcome == consumer.OutcomeCopyFailed && errors.Is(e.Err, target) {
+			n++
+		}
+	}
+	return n
+}
+
+// A consumer whose retry policy names tiers the applied topology lacks
+// (SkipDeclare, other delays): the retry copy is unroutable, so the message
+// goes back to the work queue instead of being acked into nowhere.
+func TestMissingRetryTierKeepsTheMessage(t *testing.T) {
+	h := newHarness(t, nil)
+	h.cfg.SkipDeclare = true
+	h.cfg.RetryInitial = 7 * time.Second // tier Q.retry.7s was never declared
+	h.cfg.MaxAttempts = 5
+	stop := h.start(1, alwaysFails)
+	h.publish("k-1", `{"n":1}`, nil)
+	evs := h.waitEvents(30*time.Second, "two unroutable retry copies", func(evs []consumer.Event) bool {
+		return copyFailures(evs, consumer.ErrUnroutable) >= 2
+	})
+	for _, e := range evs {
+		if e.Outcome == consumer.OutcomeRetried {
+			t.Errorf("reported retried although the tier does not exist: %+v", e)
+		}
+	}
+	stop()
+	h.queueHolds(h.cfg.Queue, 1, 10*time.Second)
+}
+
+// The DLQ deleted while the consumer runs: dead letters wait in the work
+// queue, and reach the DLQ with their reason once it is back.
+func TestDLQDeletedWhileRunningKeepsTheMessage(t *testing.T) {
+	h := newHarness(t, nil)
+	stop := h.start(1, h.ledgerEffect)
+	h.waitConsumers(1, 30*time.Second)
+	ch, err := h.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(h.cfg.Queue+".dlq", false, false, false); err != nil {
+		t.Fatalf("delete DLQ: %v", err)
+	}
+	_ = ch.Close()
+	h.publish("", `{"no":"key"}`, nil) // idempotency_key_required
+	h.waitEvents(30*time.Second, "an unroutable dead-letter copy", func(evs []consumer.Event) bool {
+		return copyFailures(evs, consumer.ErrUnroutable) >= 1
+	})
+	if err := consumer.Apply(&h.cfg); err != nil {
+		t.Fatalf("re-apply topology: %v", err)
+	}
+	got := h.waitDLQ(1, 30*time.Second)
+	if r := header(got[0], consumer.HeaderReason); r != consumer.ReasonKeyRequired {
+		t.Errorf("dead letter reason %q, want %q", r, consumer.ReasonKeyRequired)
+	}
+	stop()
+	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+}
+
+// A reply_to queue that does not exist: the effect commits once, the
+// message is settled, and the failed reply is reported, not claimed sent.
+func TestMissingReplyQueueIsReported(t *testing.T) {
+	h := newHarness(t, nil)
+	stop := h.start(1, h.ledgerEffect)
+	testPublish(t, h, amqp.Publishing{MessageId: "k-reply", Body: []byte(`{}`), ReplyTo: "no-such-reply-queue-" + h.cfg.Queue})
+	evs := h.waitEvents(30*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
+	if evs[0].Outcome != consumer.OutcomeProcessed {
+		t.Fatalf("outcome %s, want processed", evs[0].Outcome)
+	}
+	if !errors.Is(evs[0].ReplyErr, consumer.ErrUnroutable) {
+		t.Errorf("ReplyErr = %v, want ErrUnroutable", evs[0].ReplyErr)
+	}
+	if n := h.effects()["k-reply"]; n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	stop()
+	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+}
+
+func testPublish(t *testing.T, h *harness, msg amqp.Publishing) {
+	t.Helper()
+	ch := h.pub
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", h.cfg.Queue, false, false, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		t.Fatalf("publish not confirmed: %v", err)
+	}
+}
