@@ -423,8 +423,9 @@ func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Deliv
 		span.SetStatus(codes.Error, redact.Error(err))
 		span.End()
 		c.log.Error("the copy that replaces the message is not durable; returning the message to its queue",
-			"intended", string(ev.Outcome), "reason", ev.Reason, "key_hash", ev.KeyHash, "err", redact.Error(err))
-		ev.Outcome, ev.Err = OutcomeCopyFailed, fmt.Errorf("%s: %w", spanName, err)
+			"intended", string(ev.Outcome), "reason", ev.Reason, "exchange", exchange, "routing_key", key,
+			"key_hash", ev.KeyHash, "err", redact.Error(err))
+		ev.Outcome, ev.Err = OutcomeCopyFailed, fmt.Errorf("%s to %q/%q: %w", spanName, exchange, key, err)
 		if !errors.Is(err, confirm.ErrClosed) {
 			select {
 			case <-s.stop:

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/internal/confirm"
 )
 
 type relayStatements struct {
@@ -94,7 +96,7 @@ const (
 
 type published struct {
 	row    *row
-	dc     *amqp.DeferredConfirmation
+	sent   *confirm.Pending // nil when not sent
 	span   trace.Span
 	result outcome
 	reason string
@@ -141,8 +143,9 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	pubs, err := r.publishAll(bctx, s, rows)
 	timeout := false
 	if err == nil {
-		timeout = r.awaitConfirms(s, pubs)
-		if !s.alive() {
+		var closed bool
+		timeout, closed = r.awaitConfirms(pubs)
+		if closed || !s.alive() {
 			// Pending confirms of a closed channel read as nacks: trust none.
 			err = &brokerError{fmt.Errorf("channel closed during the batch: %w", s.deathErr())}
 		}
@@ -194,7 +197,7 @@ func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
 			"rows", len(pubs), "code", ae.Code, "reason", ae.Reason)
 		return
 	}
-	if len(pubs) == 0 || pubs[0].dc == nil {
+	if len(pubs) == 0 || pubs[0].sent == nil {
 		return
 	}
 	p := pubs[0]
@@ -287,7 +290,7 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) ([]*pub
 		for k, v := range carrier {
 			headers[k] = v
 		}
-		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, w.exchange, w.routingKey, true, false, amqp.Publishing{
+		sent, err := s.pub.Publish(ctx, w.exchange, w.routingKey, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     w.contentType,
 			ContentEncoding: w.contentEncoding,
@@ -302,10 +305,15 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) ([]*pub
 			AppId:           w.appID,
 			Body:            w.body,
 		})
+		if errors.Is(err, confirm.ErrTooLarge) {
+			// Never sent: the broker would close the connection over it.
+			p.result, p.reason = bad, err.Error()
+			continue
+		}
 		if err != nil {
 			return pubs, &brokerError{fmt.Errorf("publish: %w", err)}
 		}
-		p.dc = dc
+		p.sent = sent
 	}
 	return pubs, nil
 }
@@ -331,74 +339,48 @@ func (r *Relay) startSpan(ctx context.Context, w *row) (context.Context, trace.S
 		))
 }
 
-// awaitConfirms waits for every confirm of the batch, reading returns
-// meanwhile, until the confirm timeout. A return arrives before the confirm
-// of its message, so once all confirms are in, every return is too. It
-// reports whether the timeout struck.
-func (r *Relay) awaitConfirms(s *session, pubs []*published) (timeout bool) {
+// awaitConfirms waits for the result of every publish of the batch (its
+// confirm, and its return if any: see internal/confirm) until the confirm
+// timeout. It reports whether the timeout struck, and whether the channel
+// closed before a result came.
+func (r *Relay) awaitConfirms(pubs []*published) (timeout, closed bool) {
 	deadline := time.NewTimer(r.cfg.ConfirmTimeout)
 	defer deadline.Stop()
-	byID := make(map[string]*published, len(pubs))
-	for _, p := range pubs {
-		if p.dc != nil {
-			byID[p.row.messageID] = p
-		}
-	}
-	returns := s.returns
-	onReturn := func(ret amqp.Return, ok bool) {
-		if !ok {
-			returns = nil // closed with the channel; s.dead tells
-			return
-		}
-		if p, ok := byID[ret.MessageId]; ok {
-			p.result = returned
-			p.reason = fmt.Sprintf("unroutable: %d %s", ret.ReplyCode, ret.ReplyText)
-		}
-	}
 wait:
 	for _, p := range pubs {
-		if p.dc == nil {
+		if p.sent == nil {
 			continue
 		}
-		for {
-			select {
-			case <-p.dc.Done():
-				continue wait
-			case ret, ok := <-returns:
-				onReturn(ret, ok)
-			case <-s.dead:
-				return false
-			case <-deadline.C:
-				timeout = true
-				break wait
-			}
-		}
-	}
-	for returns != nil {
 		select {
-		case ret, ok := <-returns:
-			onReturn(ret, ok)
-			continue
-		default:
+		case <-p.sent.Done():
+		case <-deadline.C:
+			timeout = true
+			break wait
 		}
-		break
 	}
 	for _, p := range pubs {
-		if p.dc == nil || p.result == returned {
+		if p.sent == nil {
 			continue
 		}
 		select {
-		case <-p.dc.Done():
-			if p.dc.Acked() {
-				p.result = confirmed
-			} else {
-				p.result, p.reason = nacked, "nacked by the broker"
-			}
+		case <-p.sent.Done():
 		default:
 			p.result, p.reason = timedOut, "publisher confirm timed out"
+			continue
+		}
+		err := p.sent.Err()
+		switch {
+		case err == nil:
+			p.result = confirmed
+		case errors.Is(err, confirm.ErrUnroutable):
+			p.result, p.reason = returned, err.Error()
+		case errors.Is(err, confirm.ErrNacked):
+			p.result, p.reason = nacked, err.Error()
+		default: // the channel closed first: fate unknown
+			p.result, p.reason, closed = timedOut, err.Error(), true
 		}
 	}
-	return timeout
+	return timeout, closed
 }
 
 // record writes the batch's results into the claimed rows.

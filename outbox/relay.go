@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/internal/confirm"
 )
 
 // instrumentationName names the relay's tracer and meter.
@@ -284,11 +286,11 @@ func (e *brokerError) Unwrap() error { return e.err }
 
 // session is one broker connection with its publishing channel.
 type session struct {
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	dead    chan struct{}
-	err     atomic.Pointer[amqp.Error]
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	pub  *confirm.Publisher
+	dead chan struct{}
+	err  atomic.Pointer[amqp.Error]
 
 	// probe checks that exchanges exist (a failed passive declare closes
 	// its channel, so it is not the publishing one); exchanges caches the
@@ -303,19 +305,18 @@ func (r *Relay) connect(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
 	ch, err := conn.Channel()
+	var pub *confirm.Publisher
 	if err == nil {
-		err = ch.Confirm(false)
+		pub, err = confirm.New(ch, conn.Config.FrameSize)
 	}
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("open confirm channel: %w", err)
 	}
 	s := &session{
-		conn: conn,
-		ch:   ch,
-		// Returns of a batch arrive before its confirms and are read while
-		// waiting for them; a batch cannot return more than its size.
-		returns:   ch.NotifyReturn(make(chan amqp.Return, 2*r.cfg.BatchSize)),
+		conn:      conn,
+		ch:        ch,
+		pub:       pub,
 		dead:      make(chan struct{}),
 		exchanges: map[string]time.Time{},
 	}

@@ -110,7 +110,8 @@ type Pending struct {
 func (p *Pending) Done() <-chan struct{} { return p.done }
 
 // Err is the message's result once Done is closed: nil means the broker
-// confirmed it and did not return it, so it is durable in a queue.
+// confirmed it and did not return it, so it is durable in a queue;
+// otherwise a *ReturnError (ErrUnroutable), ErrNacked or ErrClosed.
 func (p *Pending) Err() error {
 	select {
 	case <-p.done:
@@ -242,10 +243,9 @@ func (p *Publisher) onConfirm(c amqp.Confirmation) {
 	}
 	switch {
 	case !c.Ack:
-		pd.err = fmt.Errorf("publish to %s: %w", dest(pd.exchange, pd.routingKey), ErrNacked)
+		pd.err = ErrNacked
 	case pd.returned != nil:
-		pd.err = fmt.Errorf("publish to %s: %w (%d %s)", dest(pd.exchange, pd.routingKey),
-			ErrUnroutable, pd.returned.ReplyCode, pd.returned.ReplyText)
+		pd.err = &ReturnError{Code: pd.returned.ReplyCode, Text: pd.returned.ReplyText}
 	}
 	pd.body = nil
 	close(pd.done)
@@ -257,15 +257,20 @@ func (p *Publisher) closeAll() {
 	defer p.mu.Unlock()
 	p.closed = ErrClosed
 	for tag, pd := range p.inFlight {
-		pd.err = fmt.Errorf("publish to %s: %w", dest(pd.exchange, pd.routingKey), ErrClosed)
+		pd.err = ErrClosed
 		close(pd.done)
 		delete(p.inFlight, tag)
 	}
 }
 
-func dest(exchange, routingKey string) string {
-	if exchange == "" {
-		exchange = "(default)"
-	}
-	return fmt.Sprintf("%q/%q", exchange, routingKey)
+// ReturnError is the result of a publish the broker returned. It matches
+// ErrUnroutable.
+type ReturnError struct {
+	Code uint16 // reply code, e.g. 312
+	Text string // reply text, e.g. NO_ROUTE
 }
+
+func (e *ReturnError) Error() string { return fmt.Sprintf("unroutable: %d %s", e.Code, e.Text) }
+
+// Is makes errors.Is(err, ErrUnroutable) hold.
+func (e *ReturnError) Is(target error) bool { return target == ErrUnroutable }
