@@ -36,6 +36,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/confirm"
 )
 
 // DefaultConfirmTimeout bounds the wait for the broker's confirm of one copy.
@@ -303,12 +304,10 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 	}
 	// Closing the channel returns the skipped messages to the DLQ.
 	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return res, fmt.Errorf("confirm mode: %w", err)
+	pub, err := confirm.New(ch, conn.Config.FrameSize)
+	if err != nil {
+		return res, err
 	}
-	// One copy is in flight at a time; its return, if any, is dispatched
-	// before its confirm, so the buffer never fills.
-	returns := ch.NotifyReturn(make(chan amqp.Return, 4))
 
 	for range total {
 		if opts.Limit > 0 && res.Replayed >= opts.Limit {
@@ -330,7 +329,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 		if opts.Reason != "" && l.Reason != opts.Reason {
 			res.Skipped++ // left unacked: back to the DLQ when the channel closes
 		} else {
-			if err := replayOne(ch, returns, &d, opts); err != nil {
+			if err := replayOne(pub, &d, opts); err != nil {
 				return res, err
 			}
 			res.Replayed++
@@ -346,24 +345,17 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 // replayOne publishes the copy of d to the target, waits for its confirm,
 // and acks d. It is not cancelled by the caller's context: once a copy is
 // out, its fate is settled before Replay stops.
-func replayOne(ch *amqp.Channel, returns <-chan amqp.Return, d *amqp.Delivery, opts ReplayOptions) error {
+func replayOne(pub *confirm.Publisher, d *amqp.Delivery, opts ReplayOptions) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.ConfirmTimeout)
 	defer cancel()
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opts.Target, true, false, Copy(d))
-	if err != nil {
-		return fmt.Errorf("publish copy to %s: %w", opts.Target, err)
-	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
+	err := pub.PublishWait(ctx, "", opts.Target, Copy(d))
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("copy to %s not confirmed within %s; its dead letter stays in %s", opts.Target, opts.ConfirmTimeout, opts.Queue)
-	}
-	if !acked {
+	case errors.Is(err, confirm.ErrNacked):
 		return fmt.Errorf("the broker refused the copy to %s (nack); its dead letter stays in %s", opts.Target, opts.Queue)
-	}
-	select {
-	case r := <-returns:
-		return fmt.Errorf("copy to %s returned unroutable (%d %s); its dead letter stays in %s", opts.Target, r.ReplyCode, r.ReplyText, opts.Queue)
-	default:
+	case err != nil:
+		return fmt.Errorf("copy to %s: %w; its dead letter stays in %s", opts.Target, err, opts.Queue)
 	}
 	if err := d.Ack(false); err != nil {
 		// The copy is in the work queue and the dead letter goes back to
