@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/fieldtable"
 )
 
 // FitsFrame reports, as ErrTooLarge, a message whose content header frame
@@ -47,11 +49,11 @@ func HeaderFrameSize(msg amqp.Publishing) (int, error) {
 		}
 	}
 	if len(msg.Headers) > 0 {
-		t, err := tableSize(msg.Headers)
+		t, err := fieldtable.Size(msg.Headers)
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("headers: %w", err)
 		}
-		n += 4 + t
+		n += t
 	}
 	if msg.DeliveryMode != 0 {
 		n++

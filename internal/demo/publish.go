@@ -15,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/internal/confirm"
 )
 
 // instrumentation names the demo's tracer.
@@ -48,7 +50,7 @@ func newPublisher(conn *amqp.Connection, pool *pgxpool.Pool, schema, queue strin
 type inflight struct {
 	seq  int
 	msg  message
-	conf *amqp.DeferredConfirmation
+	conf *confirm.Pending
 }
 
 // run publishes every message of the plan, in order; the copies of a burst
@@ -59,16 +61,10 @@ func (p *publisher) run(ctx context.Context, msgs []message) error {
 		return fmt.Errorf("publish: open channel: %w", err)
 	}
 	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("publish: confirm mode: %w", err)
+	pub, err := confirm.New(ch, p.conn.Config.FrameSize)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
 	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	var returned atomic.Int64
-	go func() {
-		for range returns {
-			returned.Add(1)
-		}
-	}()
 
 	var pending []inflight
 	flush := func() error {
@@ -77,18 +73,11 @@ func (p *publisher) run(ctx context.Context, msgs []message) error {
 		}
 		rows := make([][]any, 0, len(pending))
 		for _, f := range pending {
-			ok, err := f.conf.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("publish: wait for confirm: %w", err)
-			}
-			if !ok {
-				return fmt.Errorf("publish: the broker nacked message %d", f.seq)
+			if err := f.conf.Wait(ctx); err != nil {
+				return fmt.Errorf("publish: message %d to queue %s: %w", f.seq, p.queue, err)
 			}
 			_, perr := parsePayment(f.msg.Body)
 			rows = append(rows, []any{int32(f.seq), f.msg.Key, string(f.msg.Kind), validKey(f.msg.Key) && perr == nil, f.msg.Body})
-		}
-		if n := returned.Load(); n > 0 {
-			return fmt.Errorf("publish: %d messages returned unroutable: is queue %s missing?", n, p.queue)
 		}
 		if _, err := p.pool.CopyFrom(ctx, p.table, []string{"seq", "key", "kind", "valid", "body"}, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("publish: log publications: %w", err)
@@ -103,7 +92,7 @@ func (p *publisher) run(ctx context.Context, msgs []message) error {
 			if err := flush(); err != nil {
 				return err
 			}
-			burst, err := p.burst(ctx, ch, m)
+			burst, err := p.burst(ctx, pub, m)
 			pending = burst
 			if err != nil {
 				return err
@@ -114,7 +103,7 @@ func (p *publisher) run(ctx context.Context, msgs []message) error {
 			continue
 		}
 		p.seq++
-		conf, err := p.publish(ctx, ch, m)
+		conf, err := p.publish(ctx, pub, m)
 		if err != nil {
 			return err
 		}
@@ -130,7 +119,7 @@ func (p *publisher) run(ctx context.Context, msgs []message) error {
 
 // burst publishes m.Copies copies of m from as many goroutines, released
 // together.
-func (p *publisher) burst(ctx context.Context, ch *amqp.Channel, m message) ([]inflight, error) {
+func (p *publisher) burst(ctx context.Context, pub *confirm.Publisher, m message) ([]inflight, error) {
 	out := make([]inflight, m.Copies)
 	errs := make([]error, m.Copies)
 	start := make(chan struct{})
@@ -140,7 +129,7 @@ func (p *publisher) burst(ctx context.Context, ch *amqp.Channel, m message) ([]i
 		out[i] = inflight{seq: p.seq, msg: m}
 		wg.Go(func() {
 			<-start
-			out[i].conf, errs[i] = p.publish(ctx, ch, m)
+			out[i].conf, errs[i] = p.publish(ctx, pub, m)
 		})
 	}
 	close(start)
@@ -153,7 +142,7 @@ func (p *publisher) burst(ctx context.Context, ch *amqp.Channel, m message) ([]i
 
 // publish sends one message (mandatory, persistent) with a producer span
 // whose context travels in the traceparent header.
-func (p *publisher) publish(ctx context.Context, ch *amqp.Channel, m message) (*amqp.DeferredConfirmation, error) {
+func (p *publisher) publish(ctx context.Context, pub *confirm.Publisher, m message) (*confirm.Pending, error) {
 	ctx, span := p.tracer.Start(ctx, p.queue+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
@@ -180,7 +169,7 @@ func (p *publisher) publish(ctx context.Context, ch *amqp.Channel, m message) (*
 		msg.MessageId = m.Key
 	}
 	p.prop.Inject(ctx, tableCarrier(headers))
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.queue, true, false, msg)
+	conf, err := pub.Publish(ctx, "", p.queue, msg)
 	if err != nil {
 		return nil, fmt.Errorf("publish to %s: %w", p.queue, err)
 	}
