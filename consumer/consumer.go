@@ -39,6 +39,7 @@ type Consumer struct {
 	batchHandler BatchHandler
 	cfg          Config
 	topo         Topology
+	deathReserve int // see deathReserve
 	log          *slog.Logger
 	tracer       trace.Tracer
 	prop         propagation.TextMapPropagator
@@ -76,14 +77,15 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
 	return &Consumer{
-		store:   store,
-		handler: h,
-		cfg:     c,
-		topo:    topo,
-		log:     c.Logger.With("queue", c.Queue, "consumer", c.Name),
-		tracer:  tp.Tracer(instrumentation),
-		prop:    otel.GetTextMapPropagator(),
-		metrics: m,
+		store:        store,
+		handler:      h,
+		cfg:          c,
+		topo:         topo,
+		deathReserve: deathReserve(topo),
+		log:          c.Logger.With("queue", c.Queue, "consumer", c.Name),
+		tracer:       tp.Tracer(instrumentation),
+		prop:         otel.GetTextMapPropagator(),
+		metrics:      m,
 	}, nil
 }
 

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/confirm"
 )
 
 // Tests of the rule "a message is acked only after what replaces it is
@@ -162,4 +164,74 @@ func testPublish(t *testing.T, h *harness, msg amqp.Publishing) {
 	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
 		t.Fatalf("publish not confirmed: %v", err)
 	}
+}
+
+// paddedPublishing is a message with key whose header frame is size bytes.
+func paddedPublishing(t *testing.T, key string, size int) amqp.Publishing {
+	t.Helper()
+	msg := amqp.Publishing{MessageId: key, Body: []byte(`{"big":"headers"}`), Headers: amqp.Table{"pad": ""}}
+	base, err := confirm.HeaderFrameSize(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Headers["pad"] = strings.Repeat("p", size-base)
+	return msg
+}
+
+// failsOnce fails the first attempt of every key with an infrastructure error.
+func (h *harness) failsOnce(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	if d.Attempt == 1 {
+		return consumer.Response{}, errInfra
+	}
+	return h.ledgerEffect(ctx, tx, d)
+}
+
+func channelKills(evs []consumer.Event) int { return copyFailures(evs, consumer.ErrChannelClosed) }
+
+// A message whose headers leave no room for idemq's own: its retry copy is
+// trimmed (first-seen, original exchange and routing key, trace context
+// dropped) instead of killing the connection, and it is processed once.
+func TestRetryCopyNearFrameMaxIsTrimmed(t *testing.T) {
+	h := newHarness(t, nil)
+	stop := h.start(1, h.failsOnce)
+	testPublish(t, h, paddedPublishing(t, "k-near", h.conn.Config.FrameSize-consumer.DeathReserve(&h.cfg)-60))
+	evs := h.waitEvents(60*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
+	if n := channelKills(evs); n != 0 {
+		t.Errorf("%d copies were lost with their channel", n)
+	}
+	if got := countOutcomes(evs); got[consumer.OutcomeProcessed] != 1 || got[consumer.OutcomeRetried] != 1 {
+		t.Errorf("outcomes %v, want one retry then processed", got)
+	}
+	if n := h.effects()["k-near"]; n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	stop()
+}
+
+// A message whose headers fill the frame: no copy of it can carry them, so
+// it is dead-lettered headers_too_large with its body, the largest headers
+// dropped and named, and the connection never dies over it.
+func TestCopyThatCannotFitIsDeadLetteredHeadersTooLarge(t *testing.T) {
+	h := newHarness(t, nil)
+	stop := h.start(1, alwaysFails)
+	testPublish(t, h, paddedPublishing(t, "k-full", h.conn.Config.FrameSize))
+	got := h.waitDLQ(1, 60*time.Second)
+	stop()
+	d := got[0]
+	if r := header(d, consumer.HeaderReason); r != consumer.ReasonHeadersTooLarge {
+		t.Errorf("reason %q, want %q", r, consumer.ReasonHeadersTooLarge)
+	}
+	if e := header(d, consumer.HeaderError); !strings.Contains(e, "dropped: pad") {
+		t.Errorf("error header %q does not name the dropped header", e)
+	}
+	if string(d.Body) != `{"big":"headers"}` || d.MessageId != "k-full" {
+		t.Errorf("dead letter body %q message_id %q: not the original", d.Body, d.MessageId)
+	}
+	h.mu.Lock()
+	evs := append([]consumer.Event(nil), h.events...)
+	h.mu.Unlock()
+	if n := channelKills(evs); n != 0 {
+		t.Errorf("%d copies were lost with their channel", n)
+	}
+	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
 }

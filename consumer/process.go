@@ -416,6 +416,22 @@ func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Deliv
 			attribute.String("messaging.operation.type", "publish"),
 			attribute.String("messaging.destination.name", exchange+key)))
 	c.prop.Inject(pctx, headerCarrier(msg.Headers))
+	budget := s.pub.FrameMax()
+	if budget > 0 && exchange != c.topo.DLX {
+		// A retry copy comes back through the broker's dead-lettering,
+		// which adds headers of its own.
+		budget -= c.deathReserve
+	}
+	tooLarge := !trimToFit(&msg, budget)
+	if tooLarge {
+		// Even trimmed, the copy would not fit in one frame (sending it would
+		// make the broker close the connection): dead-letter it with the
+		// headers it can carry.
+		tooLargeCopy(&msg, s.pub.FrameMax(), ParseAttempt(headers))
+		exchange, key = c.topo.DLX, ""
+		ev.Outcome, ev.Reason = OutcomeDeadLettered, ReasonHeadersTooLarge
+		span.SetAttributes(attribute.String("idemq.reason", ReasonHeadersTooLarge))
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), c.cfg.PublishTimeout)
 	defer cancel()
 	err := s.pub.PublishWait(sctx, exchange, key, msg)
@@ -436,6 +452,11 @@ func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Deliv
 		return ev, false
 	}
 	span.End()
+	if tooLarge {
+		c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", ReasonHeadersTooLarge)))
+		c.log.Warn("dead-lettered", "reason", ReasonHeadersTooLarge, "key_hash", ev.KeyHash, "err", msg.Headers[HeaderError])
+		return c.ack(s, d, ev), false
+	}
 	return c.ack(s, d, ev), true
 }
 

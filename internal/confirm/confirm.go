@@ -172,6 +172,10 @@ func (p *Publisher) PublishWait(ctx context.Context, exchange, routingKey string
 	return pd.Wait(ctx)
 }
 
+// FrameMax is the frame size the publisher checks messages against (0: no
+// limit).
+func (p *Publisher) FrameMax() int { return p.frameMax }
+
 // Closed is closed once the channel has closed and every pending publish
 // has failed with ErrClosed.
 func (p *Publisher) Closed() <-chan struct{} { return p.done }
