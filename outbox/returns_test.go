@@ -2,10 +2,12 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/outbox"
 )
@@ -47,5 +49,38 @@ func TestRelayReturnsAreBookedPerPublishNotPerMessageID(t *testing.T) {
 	}
 	if n := e.queueDepth(t); n != 0 {
 		t.Fatalf("the queue got %d more copies of the routable row", n)
+	}
+}
+
+// A row whose headers cannot fit in one frame is parked with the reason,
+// never sent (the broker would close the relay's connection over it, on
+// every attempt); the rows after it are published.
+func TestRelayParksARowTooLargeForAFrame(t *testing.T) {
+	e := newEnv(t, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		big := outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: "big",
+			Headers: amqp.Table{"pad": strings.Repeat("p", 200_000)}}
+		if err := e.ob.Enqueue(ctx, tx, big); err != nil {
+			return err
+		}
+		return e.ob.Enqueue(ctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: "after"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startRelay(t, e.relayConfig(t))
+	ids, _ := e.consumeAll(t, 1, 30*time.Second)
+	if ids["after"] != 1 {
+		t.Fatalf("received %v, want the row after the big one", ids)
+	}
+	waitFor(t, 30*time.Second, "the big row parked", func() bool { return e.backlog(t).Parked == 1 })
+	var reason string
+	if err := e.pool.QueryRow(ctx, "SELECT parked_reason FROM "+e.schema+".outbox WHERE message_id = 'big'").Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "frame_max") {
+		t.Errorf("parked reason %q does not say frame_max", reason)
 	}
 }
