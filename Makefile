@@ -71,9 +71,10 @@ FUZZTIME ?= 10s
 TEST_FUZZTIME ?= 5s
 FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
 	consumer:FuzzExtractKey consumer:FuzzExtractTenant consumer:FuzzParseAttempt \
-	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders
+	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders \
+	internal/fieldtable:FuzzRoundTrip
 
-fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint and dead-letter header parsing, FUZZTIME (10s) each
+fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter header parsing and the field-table codec, FUZZTIME (10s) each
 	@for target in $(FUZZ_TARGETS); do \
 		pkg=$${target%%:*}; name=$${target##*:}; \
 		echo "fuzz ./$$pkg $$name for $(FUZZTIME)"; \
