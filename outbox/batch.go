@@ -29,7 +29,7 @@ func newRelayStatements(schema string) relayStatements {
 		// Pending rows in id order. A row with an ordering key is eligible
 		// only while no older row of its key is pending (published or parked
 		// ones do not block), so one relay holds at most the head of a key.
-		claim: `SELECT o.id, o.exchange, o.routing_key, o.headers, o.body, o.content_type,
+		claim: `SELECT o.id, o.exchange, o.routing_key, o.headers_amqp, o.headers_jsonb, o.body, o.content_type,
     o.content_encoding, o.delivery_mode, o.priority, o.correlation_id, o.reply_to,
     o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''),
     coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), o.attempts, o.returns, o.created_at
@@ -70,7 +70,7 @@ WHERE o.id = f.id`,
 type row struct {
 	id                                      int64
 	exchange, routingKey                    string
-	headers                                 []byte
+	headers, headersJSON                    []byte
 	body                                    []byte
 	contentType, contentEncoding            string
 	deliveryMode, priority                  int16
@@ -221,7 +221,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) ([]*row, int, e
 	}
 	rows, err := pgx.CollectRows(rs, func(rs pgx.CollectableRow) (*row, error) {
 		var w row
-		err := rs.Scan(&w.id, &w.exchange, &w.routingKey, &w.headers, &w.body, &w.contentType,
+		err := rs.Scan(&w.id, &w.exchange, &w.routingKey, &w.headers, &w.headersJSON, &w.body, &w.contentType,
 			&w.contentEncoding, &w.deliveryMode, &w.priority, &w.correlationID, &w.replyTo,
 			&w.expiration, &w.typ, &w.appID, &w.messageID, &w.orderingKey,
 			&w.traceparent, &w.tracestate, &w.attempts, &w.returns, &w.createdAt)
@@ -275,7 +275,7 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) ([]*pub
 			p.result, p.reason = returned, "exchange not found"
 			continue
 		}
-		headers, err := decodeHeaders(w.headers)
+		headers, err := decodeHeaders(w.headers, w.headersJSON)
 		if err != nil {
 			p.result, p.reason = bad, err.Error()
 			continue

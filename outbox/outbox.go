@@ -24,7 +24,8 @@ type Message struct {
 	// Exchange and RoutingKey say where the relay publishes. "" is the
 	// default exchange, where RoutingKey names a queue.
 	Exchange, RoutingKey string
-	// Headers are published as AMQP headers, with their types kept (see
+	// Headers are published as AMQP headers, unchanged: the consumer gets
+	// what it would get had they been published directly (see
 	// docs/outbox.md). The relay adds traceparent/tracestate.
 	Headers amqp.Table
 	Body    []byte
@@ -110,7 +111,7 @@ func (o *Outbox) Config() Config { return o.cfg }
 
 // columns are the ones Enqueue writes, in the order of row().
 var columns = []string{
-	"exchange", "routing_key", "headers", "body", "content_type", "content_encoding",
+	"exchange", "routing_key", "headers_amqp", "body", "content_type", "content_encoding",
 	"delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "type", "app_id",
 	"message_id", "ordering_key", "traceparent", "tracestate",
 }
@@ -196,7 +197,7 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 	}
 	var hdr, orderingKey, traceparent, tracestate any
 	if headers != nil {
-		hdr = string(headers)
+		hdr = headers
 	}
 	if m.OrderingKey != "" {
 		orderingKey = m.OrderingKey

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -136,12 +137,14 @@ func TestEnqueueWithoutClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var headers, orderingKey string
-	if err := e.pool.QueryRow(ctx, "SELECT headers::text, ordering_key FROM "+e.schema+".outbox WHERE message_id = 'copied'").Scan(&headers, &orderingKey); err != nil {
+	var stored []byte
+	var orderingKey string
+	if err := e.pool.QueryRow(ctx, "SELECT headers_amqp, ordering_key FROM "+e.schema+".outbox WHERE message_id = 'copied'").Scan(&stored, &orderingKey); err != nil {
 		t.Fatal(err)
 	}
-	if headers != `{"b": {"t": "bytes", "v": "eA=="}, "n": {"t": "int64", "v": 7}}` || orderingKey != "k" {
-		t.Fatalf("copied row: headers %s, ordering key %q", headers, orderingKey)
+	headers, err := fieldtable.Decode(stored)
+	if err != nil || !reflect.DeepEqual(headers, amqp.Table{"n": int64(7), "b": []byte("x")}) || orderingKey != "k" {
+		t.Fatalf("copied row: headers %#v (%v), ordering key %q", headers, err, orderingKey)
 	}
 	if err := e.ob.Enqueue(ctx, nil, outbox.Message{}); err == nil {
 		t.Fatal("enqueue without a transaction succeeded")

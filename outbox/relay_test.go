@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/outbox"
 )
@@ -533,7 +535,11 @@ func TestRelayPoisonRowParked(t *testing.T) {
 		if err := e.ob.Enqueue(ctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: "poison"}); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE `+e.schema+`.outbox SET headers = '{"x": {"t": "float64", "v": "+Inf"}}' WHERE message_id = 'poison'`)
+		inf, err := fieldtable.Encode(amqp.Table{"x": math.Inf(1)})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+e.schema+`.outbox SET headers_amqp = $1 WHERE message_id = 'poison'`, inf)
 		return err
 	})
 	if err != nil {

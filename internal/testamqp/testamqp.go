@@ -9,9 +9,13 @@ package testamqp
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"os/exec"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -90,6 +94,42 @@ func Publish(tb testing.TB, ch *amqp.Channel, exchange, key string, msg amqp.Pub
 	if err != nil || !ok {
 		tb.Fatalf("testamqp: publish not confirmed: ok=%v err=%v", ok, err)
 	}
+}
+
+// EveryHeaderType returns headers of every type amqp091-go writes, with
+// what JSON cannot carry: strings holding NUL bytes, a name and a value that
+// are not UTF-8, nested tables and arrays. A test compares what went through
+// idemq with what a consumer receives for the same table published directly.
+func EveryHeaderType() amqp.Table {
+	return amqp.Table{
+		"bool": true, "u8": uint8(200), "i8": int8(-3), "i16": int16(math.MinInt16), "u16": uint16(math.MaxUint16),
+		"i32": int32(-70000), "int": 42, "u32": uint32(math.MaxUint32), "i64": int64(math.MaxInt64),
+		"f32": float32(-0.1), "f64": 1e300, "dec": amqp.Decimal{Scale: 2, Value: -12345},
+		"str": "héllo", "nul": "a\x00b\x00", "\xffname\x00": "value\xfe\xff",
+		"bytes": []byte{0, 1, 255}, "no-bytes": []byte{}, "ts": time.Unix(1700000000, 0), "nil": nil,
+		"arr": []any{"a\x00", int64(-1), []any{false, "\xc3"}, amqp.Table{"in\x00": []byte("\xff")}},
+		"tab": amqp.Table{"deeper": amqp.Table{"\xfe": "\x00", "list": []any{}}},
+	}
+}
+
+// HeadersDiff lists, one line per field, how got differs from want; "" when
+// they are deeply equal.
+func HeadersDiff(got, want amqp.Table) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		g, ok := got[k]
+		if !ok {
+			fmt.Fprintf(&b, "\n  %q missing, want %#v", k, want[k])
+		} else if !reflect.DeepEqual(g, want[k]) {
+			fmt.Fprintf(&b, "\n  %q = %#v, want %#v", k, g, want[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		if _, ok := want[k]; !ok {
+			fmt.Fprintf(&b, "\n  %q = %#v, not wanted", k, got[k])
+		}
+	}
+	return b.String()
 }
 
 // DeleteQueuesAtCleanup deletes the named queues and exchanges when the test ends.
