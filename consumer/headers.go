@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // Headers idemq reads and writes on the copies it publishes.
@@ -40,15 +42,25 @@ func headerString(h amqp.Table, name string) (string, bool) {
 
 // ExtractKey returns the delivery's idempotency key: from keyFunc when set;
 // else the message_id property; else the header keyHeader (string or bytes).
-func ExtractKey(d *amqp.Delivery, keyFunc KeyFunc, keyHeader string) string {
+// A key header that is present but not a string (an AMQP integer, a table,
+// a void value) is an error wrapping dedup.ErrKeyInvalid; validate the key
+// itself with dedup.ValidateKey.
+func ExtractKey(d *amqp.Delivery, keyFunc KeyFunc, keyHeader string) (string, error) {
 	if keyFunc != nil {
-		return keyFunc(d)
+		return keyFunc(d), nil
 	}
 	if d.MessageId != "" {
-		return d.MessageId
+		return d.MessageId, nil
 	}
-	k, _ := headerString(d.Headers, keyHeader)
-	return k
+	v, present := d.Headers[keyHeader]
+	if !present {
+		return "", nil
+	}
+	k, ok := headerString(d.Headers, keyHeader)
+	if !ok {
+		return "", fmt.Errorf("%w: key header %s is a %T, not a string", dedup.ErrKeyInvalid, keyHeader, v)
+	}
+	return k, nil
 }
 
 // ExtractTenant returns the delivery's tenant: the user_id property when

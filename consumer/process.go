@@ -113,8 +113,11 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 // claimed is settled here (to the DLQ) and prepare returns false.
 func (c *Consumer) prepare(s *session, it *item) bool {
 	ctx, d := it.ctx, it.d
-	key := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
-	if err := dedup.ValidateKey(key); err != nil {
+	key, err := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
+	if err == nil {
+		err = dedup.ValidateKey(key)
+	}
+	if err != nil {
 		reason := ReasonKeyInvalid
 		if errors.Is(err, dedup.ErrKeyRequired) {
 			reason = ReasonKeyRequired
