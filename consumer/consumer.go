@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -45,6 +46,9 @@ type Consumer struct {
 	running      atomic.Bool
 	consumed     atomic.Bool
 	inFlight     atomic.Int64
+	// keys sign and verify idemq's headers; read by the first session,
+	// before its workers start.
+	keys header.Keys
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -220,6 +224,12 @@ func (c *Consumer) session(ctx context.Context) error {
 		return err
 	}
 	defer pub.close()
+
+	if c.keys == nil {
+		if c.keys, err = c.headerKeys(ctx); err != nil {
+			return err
+		}
+	}
 
 	ch, err := conn.Channel()
 	if err != nil {

@@ -44,4 +44,8 @@ type Event struct {
 	TraceID, OriginalTraceID string
 	// Duration is the time from delivery to ack.
 	Duration time.Duration
+
+	// scoped: Tenant was resolved (the key's scope is known); the copies of
+	// the delivery carry it.
+	scoped bool
 }
