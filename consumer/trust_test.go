@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -287,6 +288,11 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 	h.waitEvents(30*time.Second, "every message processed", func(evs []consumer.Event) bool { return finals(evs) >= 3 })
 	mu.Lock()
 	defer mu.Unlock()
+	// A batch handler runs again alone after a batch-mate failed: the same
+	// attempt twice in a row is one attempt.
+	for k, a := range attempts {
+		attempts[k] = slices.Compact(a)
+	}
 	if a := attempts["old-key"]; len(a) != 1 || a[0] != 2 {
 		t.Errorf("copy signed with the old key: attempts %v, want [2]", a)
 	}
