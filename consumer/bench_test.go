@@ -19,7 +19,10 @@ func BenchmarkPrepare(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		key := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader)
+		key, err := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader)
+		if err != nil {
+			b.Fatal(err)
+		}
 		if err := dedup.ValidateKey(key); err != nil {
 			b.Fatal(err)
 		}
@@ -39,7 +42,7 @@ func BenchmarkExtractKey(b *testing.B) {
 	d := &amqp.Delivery{Headers: amqp.Table{consumer.DefaultKeyHeader: []byte("order-2026-11-30-000042")}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader) == "" {
+		if k, err := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader); k == "" || err != nil {
 			b.Fatal("no key")
 		}
 	}

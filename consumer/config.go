@@ -125,6 +125,16 @@ type Config struct {
 	// Fingerprint computes the operation's fingerprint; default: the whole body.
 	Fingerprint dedup.Fingerprinter
 
+	// HeaderKeys are the HMAC-SHA256 keys that sign idemq's own headers on
+	// the copies it publishes (attempt, tenant, original exchange and
+	// routing key, first-seen time): the first key signs, every key
+	// verifies, so a rotation lists the new key after the old one, then
+	// before it, then alone (docs/security.md). Each key is at least 16
+	// random bytes; every worker of a queue needs the same keys. Nil: the
+	// keys in the store's schema (table header_keys, one random key created
+	// by Migrate), read when Run connects.
+	HeaderKeys [][]byte
+
 	// NoReply stops the runtime from answering reply_to with the stored
 	// response (for stages that forward the message to the real handler).
 	NoReply bool
@@ -195,6 +205,11 @@ func (c Config) validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
+	}
+	if c.HeaderKeys != nil {
+		if err := configuredKeys(c.HeaderKeys).Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.RetryMultiplier < 1 {
 		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -47,6 +48,9 @@ type Consumer struct {
 	running      atomic.Bool
 	consumed     atomic.Bool
 	inFlight     atomic.Int64
+	// keys sign and verify idemq's headers; read by the first session,
+	// before its workers start.
+	keys header.Keys
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -221,6 +225,12 @@ func (c *Consumer) session(ctx context.Context) error {
 	pub, err := confirm.New(pubCh, conn.Config.FrameSize)
 	if err != nil {
 		return err
+	}
+
+	if c.keys == nil {
+		if c.keys, err = c.headerKeys(ctx); err != nil {
+			return err
+		}
 	}
 
 	ch, err := conn.Channel()

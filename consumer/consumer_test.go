@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testamqp"
 )
 
 func TestConcurrentCopiesHaveOneEffect(t *testing.T) {
@@ -303,5 +304,27 @@ func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNonStringKeyHeaderIsInvalid: a key header that is present but not a
+// string (an AMQP integer) is an invalid key, not a missing one.
+func TestNonStringKeyHeaderIsInvalid(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	h.start(1, h.ledgerEffect)
+	testamqp.Publish(t, h.pub, "", h.cfg.Queue, amqp.Publishing{
+		Headers: amqp.Table{consumer.DefaultKeyHeader: int64(42)}, Body: []byte(`{}`),
+	})
+	evs := h.waitEvents(30*time.Second, "the dead letter", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
+	if ev := evs[0]; ev.Outcome != consumer.OutcomeInvalidKey || ev.Reason != consumer.ReasonKeyInvalid {
+		t.Fatalf("outcome %s, reason %q; want %s, %s", ev.Outcome, ev.Reason, consumer.OutcomeInvalidKey, consumer.ReasonKeyInvalid)
+	}
+	dl := h.drainDLQ()
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl))
+	}
+	if r := header(dl[0], consumer.HeaderReason); r != consumer.ReasonKeyInvalid {
+		t.Fatalf("dead letter reason %q, want %s", r, consumer.ReasonKeyInvalid)
 	}
 }

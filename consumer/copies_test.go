@@ -194,7 +194,7 @@ func channelKills(evs []consumer.Event) int { return copyFailures(evs, consumer.
 func TestRetryCopyNearFrameMaxIsTrimmed(t *testing.T) {
 	h := newHarness(t, nil)
 	stop := h.start(1, h.failsOnce)
-	testPublish(t, h, paddedPublishing(t, "k-near", h.conn.Config.FrameSize-consumer.DeathReserve(&h.cfg)-60))
+	testPublish(t, h, paddedPublishing(t, "k-near", h.conn.Config.FrameSize-consumer.DeathReserve(&h.cfg)-200))
 	evs := h.waitEvents(60*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
 	if n := channelKills(evs); n != 0 {
 		t.Errorf("%d copies were lost with their channel", n)

@@ -33,6 +33,17 @@
 // dead-lettering back to Q at least once), and Q.dlx → Q.dlq. Declared on
 // every connect unless SkipDeclare, or by Apply.
 //
+// # Copies and their headers
+//
+// A retry or dead-letter copy keeps the body, the properties (not user_id,
+// which RabbitMQ accepts only from the publisher's own user) and the
+// headers, and adds idemq's x-idemq-* headers: the attempt, the tenant, the
+// first-seen time, the original exchange and routing key, signed with an
+// HMAC (HeaderSignature) keyed by Config.HeaderKeys, else by the key Migrate
+// created in the schema. Those headers are trusted only on a copy whose
+// signature verifies; on any other delivery they are removed, and the
+// delivery is a first attempt with its own tenant and routing key.
+//
 // # Modes
 //
 // By default a worker commits groups of waiting deliveries together, each

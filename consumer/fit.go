@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/fieldtable"
+	"github.com/idemq/idemq/internal/header"
 )
 
 // ReasonHeadersTooLarge is the dead-letter reason of a delivery whose copy
@@ -59,7 +60,8 @@ func dropUntilFits(msg *amqp.Publishing, frameMax int) []string {
 	}
 	var hs []sized
 	for k, v := range msg.Headers {
-		if k == HeaderReason || k == HeaderAttempt || k == HeaderAttempts || k == HeaderError {
+		switch k {
+		case HeaderReason, HeaderAttempt, HeaderAttempts, HeaderError, HeaderTenant, header.Signature:
 			continue
 		}
 		n, _ := confirm.HeaderFrameSize(amqp.Publishing{Headers: amqp.Table{k: v}})

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 )
 
 // The seed corpora of these targets are in testdata/fuzz and run with every
@@ -75,20 +76,24 @@ func FuzzExtractKey(f *testing.F) {
 		if v, ok := headerValue(kind, raw, i, fl); ok {
 			d.Headers[consumer.DefaultKeyHeader] = v
 		}
-		got := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
-		want := ""
+		_, present := d.Headers[consumer.DefaultKeyHeader]
+		got, err := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
+		want, invalid := "", false
 		switch {
 		case messageID != "":
 			want = messageID
 		case isString(kind):
 			want = string(raw)
+		case present:
+			// Present but not a string: an invalid key, not a missing one.
+			invalid = true
 		}
-		if got != want {
-			t.Fatalf("ExtractKey = %q, want %q", got, want)
+		if got != want || invalid != errors.Is(err, dedup.ErrKeyInvalid) || (!invalid && err != nil) {
+			t.Fatalf("ExtractKey = %q, %v; want %q, invalid %v", got, err, want, invalid)
 		}
 		// A key function wins over both.
-		if k := consumer.ExtractKey(&d, func(*amqp.Delivery) string { return "fn" }, consumer.DefaultKeyHeader); k != "fn" {
-			t.Fatalf("ExtractKey with a key function = %q", k)
+		if k, err := consumer.ExtractKey(&d, func(*amqp.Delivery) string { return "fn" }, consumer.DefaultKeyHeader); k != "fn" || err != nil {
+			t.Fatalf("ExtractKey with a key function = %q, %v", k, err)
 		}
 	})
 }

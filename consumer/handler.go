@@ -38,7 +38,9 @@ type Delivery struct {
 	// Attempt is 1 on the first delivery and counts retries after
 	// infrastructure failures.
 	Attempt int
-	// Body, Headers and the AMQP properties as published.
+	// Body, Headers and the AMQP properties as published. Headers hold
+	// idemq's x-idemq-* headers only as idemq wrote them: they are removed
+	// from any delivery that is not a copy idemq signed.
 	Body          []byte
 	Headers       amqp.Table
 	MessageID     string
@@ -54,8 +56,16 @@ type Delivery struct {
 	Priority        uint8
 	Expiration      string
 	Type            string
-	UserID          string
-	AppID           string
+	// UserID is the user_id property: the publisher's on a first delivery,
+	// empty on idemq's copies (RabbitMQ lets a connection publish only its
+	// own user's), whose tenant travels in HeaderTenant instead.
+	UserID string
+	AppID  string
+	// OriginalExchange and OriginalRoutingKey are where the message was
+	// first published: as idemq's signed headers record it on a retry copy
+	// (which comes back from its tier with other ones), else Exchange and
+	// RoutingKey. Never what a publisher wrote into those headers.
+	OriginalExchange, OriginalRoutingKey string
 
 	lease *dedup.Lease
 	store *dedup.Store

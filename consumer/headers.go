@@ -10,17 +10,32 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/header"
 )
 
-// Headers idemq reads and writes on the copies it publishes.
+// Headers idemq reads and writes on the copies it publishes (named once, in
+// internal/header). The attempt, the tenant, the first-seen time and the
+// original exchange and routing key are trusted only on a copy whose
+// HeaderSignature verifies under Config.HeaderKeys; on any other delivery
+// every x-idemq-* header is removed before the handler sees it.
 const (
-	HeaderAttempt          = "x-idemq-attempt"
-	HeaderReason           = "x-idemq-reason"
-	HeaderError            = "x-idemq-error"
-	HeaderAttempts         = "x-idemq-attempts"
-	HeaderFirstSeen        = "x-idemq-first-seen"
-	HeaderOriginalExchange = "x-idemq-original-exchange"
-	HeaderOriginalRouting  = "x-idemq-original-routing-key"
+	HeaderAttempt          = header.Attempt
+	HeaderReason           = header.Reason
+	HeaderError            = header.Error
+	HeaderAttempts         = header.Attempts
+	HeaderFirstSeen        = header.FirstSeen
+	HeaderOriginalExchange = header.OriginalExchange
+	HeaderOriginalRouting  = header.OriginalRoutingKey
+	// HeaderTenant carries the tenant resolved on the first attempt, so that
+	// later attempts claim the key in the same scope (copies carry no user_id).
+	HeaderTenant = header.Tenant
+	// HeaderSignature is the HMAC that proves idemq wrote the headers above.
+	HeaderSignature = header.Signature
+)
+
+const (
 	// maxErrorLen bounds x-idemq-error.
 	maxErrorLen = 1024
 	// maxTenantLen bounds a tenant, like a key.
@@ -40,47 +55,65 @@ func headerString(h amqp.Table, name string) (string, bool) {
 
 // ExtractKey returns the delivery's idempotency key: from keyFunc when set;
 // else the message_id property; else the header keyHeader (string or bytes).
-func ExtractKey(d *amqp.Delivery, keyFunc KeyFunc, keyHeader string) string {
+// A key header that is present but not a string (an AMQP integer, a table,
+// a void value) is an error wrapping dedup.ErrKeyInvalid; validate the key
+// itself with dedup.ValidateKey.
+func ExtractKey(d *amqp.Delivery, keyFunc KeyFunc, keyHeader string) (string, error) {
 	if keyFunc != nil {
-		return keyFunc(d)
+		return keyFunc(d), nil
 	}
 	if d.MessageId != "" {
-		return d.MessageId
+		return d.MessageId, nil
 	}
-	k, _ := headerString(d.Headers, keyHeader)
-	return k
+	v, present := d.Headers[keyHeader]
+	if !present {
+		return "", nil
+	}
+	k, ok := headerString(d.Headers, keyHeader)
+	if !ok {
+		return "", fmt.Errorf("%w: key header %s is a %T, not a string", dedup.ErrKeyInvalid, keyHeader, v)
+	}
+	return k, nil
 }
 
 // ExtractTenant returns the delivery's tenant: the user_id property when
 // fromUserID, else the tenant header ("" when absent). A tenant that is not a
 // string, is longer than 255 bytes, is not UTF-8 or holds control characters
-// is an error.
-func ExtractTenant(d *amqp.Delivery, header string, fromUserID bool) (string, error) {
+// is an error. (The consumer reads it only from deliveries that are not
+// idemq's own verified copies: those carry the tenant in HeaderTenant.)
+func ExtractTenant(d *amqp.Delivery, tenantHeader string, fromUserID bool) (string, error) {
 	var tenant string
 	if fromUserID {
 		tenant = d.UserId
-	} else if v, present := d.Headers[header]; present {
-		s, ok := headerString(d.Headers, header)
+	} else if v, present := d.Headers[tenantHeader]; present {
+		s, ok := headerString(d.Headers, tenantHeader)
 		if !ok {
-			return "", fmt.Errorf("tenant header %s is a %T, not a string", header, v)
+			return "", fmt.Errorf("tenant header %s is a %T, not a string", tenantHeader, v)
 		}
 		tenant = s
 	}
-	if len(tenant) > maxTenantLen {
-		return "", fmt.Errorf("tenant is %d bytes, longer than %d", len(tenant), maxTenantLen)
-	}
-	if !utf8.ValidString(tenant) {
-		return "", fmt.Errorf("tenant is not valid UTF-8")
-	}
-	if strings.ContainsFunc(tenant, unicode.IsControl) {
-		return "", fmt.Errorf("tenant holds control characters")
-	}
-	return tenant, nil
+	return tenant, checkTenant(tenant)
 }
 
-// ParseAttempt reads the attempt number from x-idemq-attempt, written by any
-// publisher as any AMQP integer, a float or a decimal string. Absent,
-// unreadable or non-positive values count as the first attempt.
+// checkTenant refuses a tenant longer than 255 bytes, not UTF-8 or holding
+// control characters.
+func checkTenant(tenant string) error {
+	if len(tenant) > maxTenantLen {
+		return fmt.Errorf("tenant is %d bytes, longer than %d", len(tenant), maxTenantLen)
+	}
+	if !utf8.ValidString(tenant) {
+		return fmt.Errorf("tenant is not valid UTF-8")
+	}
+	if strings.ContainsFunc(tenant, unicode.IsControl) {
+		return fmt.Errorf("tenant holds control characters")
+	}
+	return nil
+}
+
+// ParseAttempt reads the attempt number from x-idemq-attempt, as any AMQP
+// integer, a float or a decimal string. Absent, unreadable or non-positive
+// values count as the first attempt. The consumer reads it only from its own
+// verified copies; any other delivery is a first attempt.
 func ParseAttempt(h amqp.Table) int {
 	n := int64(1)
 	switch v := h[HeaderAttempt].(type) {
@@ -120,10 +153,13 @@ func ParseAttempt(h amqp.Table) int {
 }
 
 // copyOf builds the publishing that replaces d: its body, properties and all
-// its headers kept, plus extra headers. The original exchange, routing key and
-// first-seen time are set on the first copy and kept on later ones.
-func copyOf(d *amqp.Delivery, now time.Time, extra amqp.Table) amqp.Publishing {
-	h := make(amqp.Table, len(d.Headers)+len(extra)+3)
+// its headers kept, plus extra headers, signed with keys. The original
+// exchange, routing key and first-seen time are set on the first copy and
+// kept on later ones. The copy carries no user_id: RabbitMQ refuses a
+// user_id other than the publishing connection's user, and the worker's is
+// not the publisher's (the tenant taken from it travels in HeaderTenant).
+func copyOf(d *amqp.Delivery, now time.Time, extra amqp.Table, keys header.Keys) amqp.Publishing {
+	h := make(amqp.Table, len(d.Headers)+len(extra)+4)
 	maps.Copy(h, d.Headers)
 	if _, ok := h[HeaderOriginalExchange]; !ok {
 		h[HeaderOriginalExchange] = d.Exchange
@@ -133,6 +169,7 @@ func copyOf(d *amqp.Delivery, now time.Time, extra amqp.Table) amqp.Publishing {
 		h[HeaderFirstSeen] = now.UTC().Format(time.RFC3339Nano)
 	}
 	maps.Copy(h, extra)
+	keys.Sign(h, d.MessageId, d.Body, now)
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     d.ContentType,
@@ -144,7 +181,6 @@ func copyOf(d *amqp.Delivery, now time.Time, extra amqp.Table) amqp.Publishing {
 		MessageId:       d.MessageId,
 		Timestamp:       d.Timestamp,
 		Type:            d.Type,
-		UserId:          d.UserId,
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
@@ -155,7 +191,9 @@ func RetryHeaders(next int) amqp.Table {
 	return amqp.Table{HeaderAttempt: int32(next)}
 }
 
-// DeadLetterHeaders are the headers of a dead-lettered copy.
+// DeadLetterHeaders are the headers of a dead-lettered copy: the reason, the
+// error text and the attempts made; its x-idemq-attempt is 1, a replay's
+// first attempt.
 func DeadLetterHeaders(reason string, err error, attempts int) amqp.Table {
 	text := reason
 	if err != nil {
@@ -165,7 +203,9 @@ func DeadLetterHeaders(reason string, err error, attempts int) amqp.Table {
 		HeaderReason:   reason,
 		HeaderError:    truncate(text, maxErrorLen),
 		HeaderAttempts: int32(attempts),
-		HeaderAttempt:  int32(attempts),
+		// The attempt a replay (idemq dlq replay) starts at: signed with
+		// the copy, so that the replay keeps the signature without a key.
+		HeaderAttempt: int32(1),
 	}
 }
 

@@ -59,6 +59,10 @@ type Event struct {
 	ReplyErr error
 	// Duration is the time from delivery to ack.
 	Duration time.Duration
+
+	// scoped: Tenant was resolved (the key's scope is known); the copies of
+	// the delivery carry it.
+	scoped bool
 }
 
 // Errors that Event.Err wraps when the copy that was to replace a delivery

@@ -32,15 +32,21 @@ type item struct {
 	span    trace.Span
 	start   time.Time
 	attempt int
-	ev      Event
-	claim   dedup.Claim
-	lease   *dedup.Lease
-	del     *Delivery
+	// verified: d is a copy idemq signed, whose x-idemq-* headers are trusted.
+	verified bool
+	ev       Event
+	claim    dedup.Claim
+	lease    *dedup.Lease
+	del      *Delivery
 }
 
-// begin starts the delivery's process span.
+// begin checks whether d is a copy idemq signed (removing its x-idemq-*
+// headers if not) and starts the delivery's process span.
 func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
-	attempt := ParseAttempt(d.Headers)
+	verified, attempt := c.trust(d), 1
+	if verified {
+		attempt = ParseAttempt(d.Headers)
+	}
 	parent := c.prop.Extract(ctx, headerCarrier(d.Headers))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
 		trace.WithSpanKind(trace.SpanKindConsumer),
@@ -53,7 +59,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 			attribute.Int("messaging.message.body.size", len(d.Body)),
 			attribute.Int("idemq.attempt", attempt),
 		))
-	return &item{d: d, ctx: ctx, span: span, start: time.Now(), attempt: attempt}
+	return &item{d: d, ctx: ctx, span: span, start: time.Now(), attempt: attempt, verified: verified}
 }
 
 // finish ends the span and reports the event.
@@ -114,8 +120,11 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 // claimed is settled here (to the DLQ) and prepare returns false.
 func (c *Consumer) prepare(s *session, it *item) bool {
 	ctx, d := it.ctx, it.d
-	key := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
-	if err := dedup.ValidateKey(key); err != nil {
+	key, err := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
+	if err == nil {
+		err = dedup.ValidateKey(key)
+	}
+	if err != nil {
 		reason := ReasonKeyInvalid
 		if errors.Is(err, dedup.ErrKeyRequired) {
 			reason = ReasonKeyRequired
@@ -123,12 +132,12 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 		it.ev = c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, reason, err, it.attempt)
 		return false
 	}
-	tenant, err := ExtractTenant(d, c.cfg.TenantHeader, c.cfg.TenantFromUserID)
+	tenant, err := c.tenantOf(d, it.verified)
 	if err != nil {
 		it.ev = c.deadLetter(ctx, s, d, Event{Outcome: OutcomeInvalidKey}, ReasonKeyInvalid, err, it.attempt)
 		return false
 	}
-	it.ev = Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant}
+	it.ev = Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant, scoped: true}
 	it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
 	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
 		it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
@@ -178,12 +187,14 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		return false
 	}
 	it.lease = res.Lease
+	origExchange, origRoutingKey := origin(d)
 	it.del = &Delivery{
 		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
 		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
 		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
 		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
+		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
 		lease: res.Lease, store: c.store,
 	}
 	return true
@@ -410,7 +421,7 @@ const copyFailedPause = time.Second
 // to its queue instead (nack with requeue), never dropped, and the outcome
 // is OutcomeCopyFailed.
 func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Delivery, ev Event, exchange, key string, headers amqp.Table, spanName string) (_ Event, ok bool) {
-	msg := copyOf(d, time.Now(), headers)
+	msg := c.replacement(d, ev, headers)
 	pctx, span := c.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("messaging.system", "rabbitmq"),
 			attribute.String("messaging.operation.type", "publish"),
@@ -432,6 +443,9 @@ func (c *Consumer) publishThenAck(ctx context.Context, s *session, d *amqp.Deliv
 		ev.Outcome, ev.Reason = OutcomeDeadLettered, ReasonHeadersTooLarge
 		span.SetAttributes(attribute.String("idemq.reason", ReasonHeadersTooLarge))
 	}
+	// Trimming may have dropped signed headers: sign what is left (the
+	// signature's size does not change).
+	c.keys.Sign(msg.Headers, msg.MessageId, msg.Body, time.Now())
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), c.cfg.PublishTimeout)
 	defer cancel()
 	err := s.pub.PublishWait(sctx, exchange, key, msg)

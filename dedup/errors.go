@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Test them with errors.Is.
@@ -35,6 +36,10 @@ var (
 	// for an operation with another fingerprint.
 	ErrKeyReuse = errors.New(ReasonKeyReuse)
 
+	// ErrNotMigrated means a table this build needs does not exist: run
+	// Migrate (or `idemq migrate`).
+	ErrNotMigrated = errors.New("schema not migrated")
+
 	// ErrFingerprint means the significant content could not be read (for
 	// example, a field fingerprint over a body that is not a JSON object).
 	ErrFingerprint = errors.New("fingerprint")
@@ -55,6 +60,10 @@ func interpretError(op string, err error) error {
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	// undefined_table, invalid_schema_name
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return fmt.Errorf("%s: %w: %w", op, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

@@ -7,6 +7,7 @@ type statements struct {
 	reserve, complete, release, extend, inspect, checkpoint string
 	gcCompleted, gcAbandoned                                string
 	reserveBatch, inspectBatch, extendBatch, completeBatch  string
+	headerKeys                                              string
 }
 
 func newStatements(schema string, durable bool) statements {
@@ -109,6 +110,9 @@ UNION ALL
 SELECT k.lease_token, NULL FROM ` + t + ` AS k JOIN wanted AS c USING (consumer, tenant, key)
 WHERE k.lease_token = c.token AND k.state = 'in_progress'
   AND NOT EXISTS (SELECT FROM free AS f WHERE (f.consumer, f.tenant, f.key) = (k.consumer, k.tenant, k.key))`,
+
+		// The key that signs first comes first (see HeaderKeys).
+		headerKeys: `SELECT secret, signs_from FROM ` + schema + `.header_keys ORDER BY signs_from DESC, id DESC`,
 
 		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
 		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (

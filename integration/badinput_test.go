@@ -110,7 +110,7 @@ func TestBadInput(t *testing.T) {
 		{name: "key not UTF-8, string", msg: inHeader("key not UTF-8, string", "key-\xc3\x28", nil), reason: consumer.ReasonKeyInvalid},
 		{name: "key with a control character", msg: inHeader("key with a control character", "key\x07bell", nil), reason: consumer.ReasonKeyInvalid},
 		{name: "key as bytes", msg: inHeader("key as bytes", []byte("bytes-key"), nil), key: "bytes-key"},
-		{name: "key of another type", msg: inHeader("key of another type", int64(12345), nil), reason: consumer.ReasonKeyRequired},
+		{name: "key of another type", msg: inHeader("key of another type", int64(12345), nil), reason: consumer.ReasonKeyInvalid},
 		{name: "no key at all", msg: withKey("no key at all", "", nil, []byte("x")), reason: consumer.ReasonKeyRequired},
 		{name: "tenant with odd characters", msg: tenant("tenant with odd characters", "Ümlaut Straße/ü t:with spaces#%&?=;"), tenant: "Ümlaut Straße/ü t:with spaces#%&?=;", key: "tenant-case-key"},
 		{name: "tenant like SQL", msg: tenant("tenant like SQL", "'; DROP TABLE keys; --"), tenant: "'; DROP TABLE keys; --", key: "tenant-case-key"},

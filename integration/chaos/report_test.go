@@ -219,7 +219,8 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 			r.DLQNoError++
 		}
 		tenant, _ := consumer.ExtractTenant(&d, consumer.DefaultTenantHeader, false)
-		k := scoped{tenant, consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)}
+		key, _ := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
+		k := scoped{tenant, key}
 		dlqKeys[k]++
 		if o := ops[k]; o == nil || !o.poison() || reason != consumer.ReasonPermanentError {
 			r.DLQUnexpected++

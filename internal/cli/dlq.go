@@ -138,9 +138,11 @@ func (a *app) dlqReplayCommand() *cobra.Command {
 		Short: "Move dead letters of Q.dlq back to Q",
 		Long: `Move the dead letters of Q.dlq (those with reason --reason, or all) back to the
 work queue Q through the default exchange. Each copy keeps its body,
-properties, message_id and headers, with x-idemq-attempt reset to 1 and
-x-idemq-reason, x-idemq-error and x-idemq-attempts removed (x-idemq-first-seen
-and the original exchange and routing key are kept). A dead letter is acked
+properties, message_id and headers, with x-idemq-reason, x-idemq-error and
+x-idemq-attempts removed. idemq's signed headers are kept as they are, so the
+consumer still trusts them (tenant, original exchange and routing key, first
+seen); idemq's own dead letters carry x-idemq-attempt 1, a full retry budget.
+A dead letter is acked
 only after the broker confirmed its copy in Q; those that do not match the
 reason stay in Q.dlq.
 

@@ -37,6 +37,7 @@ func (a *app) forwardCommand() *cobra.Command {
 		hashKeys        bool
 		tenantHeader    string
 		keyHeader       string
+		headerKeysFile  string
 		metricsAddr     string
 	)
 	cmd := &cobra.Command{
@@ -58,7 +59,10 @@ or its key), correlation_id, reply_to and all headers except idemq's own
 x-idemq-* headers, the broker's x-death/x-first-death-*/x-last-death-*/
 x-delivery-count, and traceparent/tracestate (replaced by the relay's span).
 Its routing key is --to-routing-key, else the routing key it was first
-published with.
+published with (for a retried message, as idemq's signed headers record it;
+x-idemq-* headers a publisher wrote are ignored). Those headers are signed
+with the key 'idemq migrate' created in the schema, or with the keys of
+--header-keys-file.
 
 The consumer declares Q's topology on connect, so the topology flags must match
 those given to 'idemq topology apply'. The schema must be migrated
@@ -89,6 +93,10 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			case shutdownTimeout <= 0 || drainTimeout <= 0:
 				return usagef("--shutdown-timeout and --drain-timeout must be positive")
 			}
+			headerKeys, err := a.headerKeys(headerKeysFile)
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			// A handler's transaction, a reservation and a heartbeat per
 			// worker at most, plus the relay's claim and spare.
@@ -116,6 +124,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				ShutdownTimeout: shutdownTimeout,
 				TenantHeader:    tenantHeader,
 				KeyHeader:       keyHeader,
+				HeaderKeys:      headerKeys,
 				Logger:          a.log,
 				ConnectionName:  "idemq-forward-" + name,
 				// The stage forwards; the requester's reply comes from downstream.
@@ -151,6 +160,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.BoolVar(&hashKeys, "hash-keys", false, "store a SHA-256 of each key instead of the key (use 'keys inspect --hashed' to read them)")
 	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "header carrying the tenant of the key")
 	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "header carrying the key of a message without message_id")
+	headerKeysFlag(f, &headerKeysFile)
 	a.metricsFlag(f, &metricsAddr)
 	requireFlags(cmd, "queue", "consumer", "to-exchange")
 	return cmd

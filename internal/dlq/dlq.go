@@ -272,9 +272,12 @@ type ReplayResult struct {
 // with publisher confirms and mandatory routing, and acks the dead letter
 // only after the copy is confirmed. The copy keeps the body, the properties,
 // message_id and the headers, except x-idemq-reason, x-idemq-error,
-// x-idemq-attempts and x-delivery-count, which it drops, and x-idemq-attempt,
-// which it resets to 1 (the message gets its full retry budget again).
-// x-idemq-first-seen and the original exchange and routing key are kept.
+// x-idemq-attempts and x-delivery-count, which it drops. It keeps idemq's
+// signed headers as they are, so that their signature still verifies and
+// the consumer keeps the tenant and the original exchange and routing key:
+// idemq dead-letters with x-idemq-attempt 1 (a full retry budget); a retry
+// copy the broker dead-lettered itself keeps its attempt; an unsigned dead
+// letter is a first attempt anyway.
 //
 // When ctx ends Replay stops after the message in hand (its copy confirmed
 // and acked, or left in the DLQ) and returns the counts with Interrupted set
@@ -374,7 +377,6 @@ func Copy(d *amqp.Delivery) amqp.Publishing {
 	for _, k := range []string{consumer.HeaderReason, consumer.HeaderError, consumer.HeaderAttempts, "x-delivery-count"} {
 		delete(h, k)
 	}
-	h[consumer.HeaderAttempt] = int32(1)
 	return amqp.Publishing{
 		Headers:         h,
 		ContentType:     d.ContentType,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/dlq"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
 )
 
@@ -60,12 +61,12 @@ func TestParse(t *testing.T) {
 	}
 }
 
-func TestCopyResetsTheAttemptAndDropsTheReason(t *testing.T) {
+func TestCopyDropsTheReason(t *testing.T) {
 	d := &amqp.Delivery{MessageId: "k", Body: []byte("b"), ContentType: "text/plain", CorrelationId: "c", Headers: amqp.Table{
 		consumer.HeaderReason:    "max_attempts_exceeded",
 		consumer.HeaderError:     "boom",
 		consumer.HeaderAttempts:  int32(5),
-		consumer.HeaderAttempt:   int32(5),
+		consumer.HeaderAttempt:   int32(1),
 		consumer.HeaderFirstSeen: "t0",
 		"x-delivery-count":       int64(3),
 		"x-custom":               "kept",
@@ -80,6 +81,26 @@ func TestCopyResetsTheAttemptAndDropsTheReason(t *testing.T) {
 	}
 	if d.Headers[consumer.HeaderReason] == nil {
 		t.Error("the dead letter's headers were modified")
+	}
+}
+
+// TestCopyKeepsTheSignature: the replayed copy of a signed dead letter
+// still verifies, so that the consumer trusts its tenant and original
+// routing key: idemq's own dead letters (x-idemq-attempt 1) and a retry copy
+// the broker dead-lettered itself (x-delivery-limit) with its attempt.
+func TestCopyKeepsTheSignature(t *testing.T) {
+	keys := header.Keys{{Secret: []byte("a header key of sixteen bytes or more")}}
+	for _, attempt := range []int32{1, 3} {
+		h := amqp.Table{
+			consumer.HeaderAttempt: attempt, consumer.HeaderTenant: "alice", consumer.HeaderOriginalRouting: "orders.created",
+			consumer.HeaderOriginalExchange: "orders", consumer.HeaderFirstSeen: "t0",
+		}
+		keys.Sign(h, "k", []byte("b"), time.Now())
+		h[consumer.HeaderReason], h[consumer.HeaderError], h[consumer.HeaderAttempts] = "permanent_error", "boom", attempt
+		p := dlq.Copy(&amqp.Delivery{MessageId: "k", Body: []byte("b"), Headers: h})
+		if !keys.Verify(p.Headers, p.MessageId, p.Body) {
+			t.Errorf("attempt %d: the replayed copy's signature does not verify: %v", attempt, p.Headers)
+		}
 	}
 }
 
@@ -183,7 +204,8 @@ func TestReplayStopsAfterTheMessageInHand(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("get: %v %v", ok, err)
 	}
-	if d.Headers[consumer.HeaderAttempt] != int32(1) || d.Headers[consumer.HeaderReason] != nil {
+	// The attempt is left as it was (signed headers must stay intact).
+	if d.Headers[consumer.HeaderAttempt] != int32(3) || d.Headers[consumer.HeaderReason] != nil {
 		t.Errorf("replayed headers: %v", d.Headers)
 	}
 

@@ -26,8 +26,10 @@
 // (a child of this stage's processing span, so the trace continues). The
 // routing key is the configured one, else the routing key the message was
 // first published with (a retried message comes back from its retry tier
-// with the work queue's name as routing key; x-idemq-original-routing-key
-// remembers the first one).
+// with the work queue's name as routing key; the x-idemq-original-routing-key
+// of idemq's signed copy remembers the first one). A publisher cannot steer
+// it: the consumer trusts that header only on a copy whose signature
+// verifies (consumer.Delivery.OriginalRoutingKey).
 package forward
 
 import (
@@ -46,6 +48,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -198,11 +201,11 @@ func Handler(ob *outbox.Outbox, exchange, routingKey string) consumer.Handler {
 }
 
 // Message returns the outbox message that forwards d to exchange, with
-// routingKey, or when it is empty the routing key d was first published with.
-// See the package documentation for what is kept.
+// routingKey, or when it is empty the routing key d was first published with
+// (d.OriginalRoutingKey). See the package documentation for what is kept.
 func Message(d *consumer.Delivery, exchange, routingKey string) outbox.Message {
 	if routingKey == "" {
-		routingKey = OriginalRoutingKey(d)
+		routingKey = d.OriginalRoutingKey
 	}
 	return outbox.Message{
 		Exchange:        exchange,
@@ -220,18 +223,6 @@ func Message(d *consumer.Delivery, exchange, routingKey string) outbox.Message {
 		Type:            d.Type,
 		AppID:           d.AppID,
 	}
-}
-
-// OriginalRoutingKey is the routing key d was first published with: the
-// x-idemq-original-routing-key header of a retried message, else d's own.
-func OriginalRoutingKey(d *consumer.Delivery) string {
-	switch v := d.Headers[consumer.HeaderOriginalRouting].(type) {
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	}
-	return d.RoutingKey
 }
 
 // Headers returns the headers to forward: all of h except idemq's x-idemq-*,
@@ -254,7 +245,7 @@ func Headers(h amqp.Table) amqp.Table {
 func forwarded(name string) bool {
 	n := strings.ToLower(name)
 	switch {
-	case strings.HasPrefix(n, "x-idemq-"),
+	case header.IsIdemq(n),
 		n == "x-death", strings.HasPrefix(n, "x-first-death-"), strings.HasPrefix(n, "x-last-death-"),
 		n == "x-delivery-count",
 		n == "traceparent", n == "tracestate":

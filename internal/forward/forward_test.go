@@ -16,6 +16,8 @@ func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {
 		Body:        []byte(`{"a":1}`),
 		ContentType: "application/json",
 		RoutingKey:  "orders",
+		// As the consumer read it from its signed copy.
+		OriginalRoutingKey: "orders.created",
 		Headers: amqp.Table{
 			"x-custom":                      "kept",
 			"Idempotency-Key":               "k-1",
@@ -52,8 +54,8 @@ func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {
 	}
 }
 
-func TestMessageIDFallsBackToTheKeyAndRoutingKeyToTheDelivery(t *testing.T) {
-	d := &consumer.Delivery{Key: "from-header", RoutingKey: "rk", Headers: amqp.Table{"Idempotency-Key": "from-header"}}
+func TestMessageIDFallsBackToTheKeyAndRoutingKeyToTheOriginal(t *testing.T) {
+	d := &consumer.Delivery{Key: "from-header", RoutingKey: "rk", OriginalRoutingKey: "rk", Headers: amqp.Table{"Idempotency-Key": "from-header"}}
 	m := forward.Message(d, "", "")
 	if m.MessageID != "from-header" || m.RoutingKey != "rk" {
 		t.Fatalf("message: %+v", m)

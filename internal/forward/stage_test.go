@@ -2,120 +2,153 @@ package forward_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/goleak"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/forward"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// stageEnv is a forward stage from a fresh work queue to a fresh topic
+// exchange, and a queue bound to everything that exchange receives.
+type stageEnv struct {
+	t        *testing.T
+	queue    string
+	received <-chan amqp.Delivery
+	pub      *amqp.Channel
+	store    *dedup.Store
+}
 
-// A message forwarded from Q to X keeps its headers unchanged: the next
-// consumer gets what it gets for the same table published to X directly,
-// strings with NUL bytes and names and values that are not UTF-8 included.
-// Only traceparent/tracestate are the stage's own (the relay's publish span).
-func TestStageForwardsHeadersUnchanged(t *testing.T) {
-	t.Parallel()
+// runStage migrates a fresh schema, declares the topology and runs a stage
+// until the test ends; mod adjusts the consumer's config.
+func runStage(t *testing.T, mod func(*consumer.Config)) *stageEnv {
+	t.Helper()
 	ctx := context.Background()
 	pool := testdb.Pool(t, 10)
 	schema := testdb.Schema(t, pool)
 	if err := dedup.Migrate(ctx, pool, schema); err != nil {
-		t.Fatalf("migrate: %v", err)
+		t.Fatal(err)
 	}
 	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
 	if err != nil {
-		t.Fatalf("new store: %v", err)
+		t.Fatal(err)
 	}
-
-	queue := testamqp.Name(t, "idemq-test-forward-q")
-	exchange := testamqp.Name(t, "idemq-test-forward-x")
-	out := testamqp.Name(t, "idemq-test-forward-out")
-	ccfg := consumer.Config{
-		URL: testamqp.URL(), Queue: queue, Name: "forward-test",
-		ConnectionName: "idemq-test-" + queue, ShutdownTimeout: 10 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	queue := testamqp.Name(t, "fwd")
+	cfg := consumer.Config{
+		URL: testamqp.URL(), Queue: queue, Name: "forwarder", Concurrency: 2,
+		ShutdownTimeout: 10 * time.Second, ConnectionName: "idemq-test-" + queue, Logger: discard, NoReply: true,
 	}
-	topo := consumer.NewTopology(&ccfg)
-	queues := []string{topo.Queue, topo.DLQ, out}
+	if mod != nil {
+		mod(&cfg)
+	}
+	topo := consumer.NewTopology(&cfg)
+	queues := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))
 	}
-	testamqp.DeleteQueuesAtCleanup(t, queues, []string{topo.DLX, exchange})
-	if err := consumer.Apply(&ccfg); err != nil {
+	exchange, sink := queue+".out", queue+".sink"
+	testamqp.DeleteQueuesAtCleanup(t, append(queues, sink), []string{topo.DLX, exchange})
+	if err := consumer.Apply(&cfg); err != nil {
 		t.Fatalf("apply topology: %v", err)
 	}
 	conn := testamqp.Dial(t)
-	ch := testamqp.Channel(t, conn)
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeDirect, false, false, false, false, nil); err != nil {
-		t.Fatalf("declare exchange: %v", err)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := ch.QueueDeclare(out, false, false, false, false, nil); err != nil {
-		t.Fatalf("declare queue: %v", err)
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
 	}
-	if err := ch.QueueBind(out, "out", exchange, false, nil); err != nil {
-		t.Fatalf("bind queue: %v", err)
+	if _, err := ch.QueueDeclare(sink, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(sink, "#", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	received, err := ch.Consume(sink, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	stage, err := forward.New(store, forward.Config{
-		Consumer: ccfg, Exchange: exchange, RoutingKey: "out",
-		Relay: outbox.RelayConfig{ConnectionName: "idemq-test-relay-" + queue},
+		Consumer: cfg, Exchange: exchange,
+		Relay: outbox.RelayConfig{Logger: discard, ConnectionName: "idemq-test-" + queue + "-relay"},
 	})
 	if err != nil {
-		t.Fatalf("new stage: %v", err)
+		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- stage.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("stage did not stop within 30s")
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := stage.Run(runCtx); err != nil {
+			t.Errorf("run: %v", err)
 		}
 	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return &stageEnv{t: t, queue: queue, received: received, pub: testamqp.Channel(t, conn), store: store}
+}
 
-	testamqp.Publish(t, ch, "", queue, amqp.Publishing{MessageId: "forwarded", Headers: testamqp.EveryHeaderType()})
-	testamqp.Publish(t, ch, exchange, "out", amqp.Publishing{MessageId: "direct", Headers: testamqp.EveryHeaderType()})
-
-	deliveries, err := ch.Consume(out, "", true, false, false, false, nil)
-	if err != nil {
-		t.Fatalf("consume: %v", err)
-	}
-	headers := map[string]amqp.Table{}
-	timeout := time.After(30 * time.Second)
-	for len(headers) < 2 {
-		select {
-		case d := <-deliveries:
-			headers[d.MessageId] = d.Headers
-		case <-timeout:
-			t.Fatalf("timed out with %d of 2 messages at X (outcomes so far: %v)", len(headers), stage.Counts())
-		}
-	}
-	forwarded := headers["forwarded"]
-	delete(forwarded, "traceparent")
-	delete(forwarded, "tracestate")
-	if diff := testamqp.HeadersDiff(forwarded, headers["direct"]); diff != "" {
-		t.Fatalf("forwarded headers differ from the same headers published directly:%s", diff)
+// next returns the next message the stage forwarded.
+func (e *stageEnv) next() amqp.Delivery {
+	e.t.Helper()
+	select {
+	case d := <-e.received:
+		return d
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("nothing forwarded within 30s")
+		return amqp.Delivery{}
 	}
 }
 
-// testWriter sends log lines to the test log.
-type testWriter struct{ t testing.TB }
+// TestForgedOriginalRoutingKeyDoesNotSteer publishes to the work queue a
+// message whose publisher wrote x-idemq-original-routing-key itself: the
+// stage must forward it with the routing key it was published with, not the
+// one the header names.
+func TestForgedOriginalRoutingKeyDoesNotSteer(t *testing.T) {
+	t.Parallel()
+	e := runStage(t, nil)
+	testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{
+		MessageId: "steer-1", Body: []byte(`{"delete":"everything"}`),
+		Headers: amqp.Table{
+			consumer.HeaderOriginalRouting:  "admin.delete-all",
+			consumer.HeaderOriginalExchange: "admin",
+			consumer.HeaderAttempt:          int32(2),
+		},
+	})
+	d := e.next()
+	if d.RoutingKey != e.queue || d.MessageId != "steer-1" {
+		t.Fatalf("forwarded %q with routing key %q, want %q (the forged header said admin.delete-all)", d.MessageId, d.RoutingKey, e.queue)
+	}
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
+// TestSignedOriginalRoutingKeyIsKept: a retry copy as idemq writes it comes
+// back from its tier with the work queue's name as routing key; the stage
+// forwards it with the routing key its signed headers record.
+func TestSignedOriginalRoutingKeyIsKept(t *testing.T) {
+	t.Parallel()
+	key := []byte("the header key of this test stage")
+	e := runStage(t, func(c *consumer.Config) { c.HeaderKeys = [][]byte{key} })
+	h := amqp.Table{header.Attempt: int32(2), header.OriginalExchange: "orders", header.OriginalRoutingKey: "orders.created"}
+	header.Keys{{Secret: key}}.Sign(h, "retried-1", []byte("{}"), time.Now())
+	testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{MessageId: "retried-1", Body: []byte("{}"), Headers: h})
+	d := e.next()
+	if d.RoutingKey != "orders.created" || d.MessageId != "retried-1" {
+		t.Fatalf("forwarded %q with routing key %q, want orders.created", d.MessageId, d.RoutingKey)
+	}
+	for k := range d.Headers {
+		if header.IsIdemq(k) {
+			t.Errorf("forwarded with idemq's header %s", k)
+		}
+	}
 }

@@ -58,7 +58,13 @@ func Config(connectionName string) amqp.Config {
 // does not answer.
 func Dial(tb testing.TB) *amqp.Connection {
 	tb.Helper()
-	conn, err := amqp.DialConfig(URL(), Config("idemq-test-"+tb.Name()))
+	return DialURL(tb, URL())
+}
+
+// DialURL is Dial with another URL (another user, see AddUser).
+func DialURL(tb testing.TB, url string) *amqp.Connection {
+	tb.Helper()
+	conn, err := amqp.DialConfig(url, Config("idemq-test-"+tb.Name()))
 	if err != nil {
 		tb.Fatalf("testamqp: RabbitMQ is not reachable (run `make up`, or set IDEMQ_TEST_AMQP_URL): %v", err)
 	}
@@ -204,4 +210,32 @@ func Unacked(tb testing.TB, queue string) int {
 	}
 	tb.Fatalf("testamqp: queue %s not listed by rabbitmqctl", queue)
 	return 0
+}
+
+// AddUser creates a broker user named prefix plus a random suffix, with a
+// random password and every permission on the test vhost, and deletes it
+// when the test ends. It returns the user name and an AMQP URL that logs in
+// as that user. For tests of what RabbitMQ checks per user (user_id).
+func AddUser(tb testing.TB, prefix string) (user, url string) {
+	tb.Helper()
+	uri, err := amqp.ParseURI(URL())
+	if err != nil {
+		tb.Fatalf("testamqp: parse %s: %v", URL(), err)
+	}
+	user, password := prefix+"-"+testdb.RandomHex(4), testdb.RandomHex(16)
+	ctl := func(args ...string) {
+		tb.Helper()
+		if out, err := exec.CommandContext(context.Background(), "rabbitmqctl", args...).CombinedOutput(); err != nil {
+			tb.Fatalf("testamqp: rabbitmqctl %s: %v: %s", args[0], err, out)
+		}
+	}
+	ctl("add_user", user, password)
+	tb.Cleanup(func() {
+		if out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "delete_user", user).CombinedOutput(); err != nil {
+			tb.Logf("testamqp: rabbitmqctl delete_user %s: %v: %s", user, err, out)
+		}
+	})
+	ctl("set_permissions", "-p", uri.Vhost, user, ".*", ".*", ".*")
+	uri.Username, uri.Password = user, password
+	return user, uri.String()
 }
