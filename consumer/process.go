@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -501,7 +502,7 @@ func (c *Consumer) reply(ctx context.Context, s *session, d *amqp.Delivery, r *d
 		MessageId:     d.MessageId,
 		DeliveryMode:  amqp.Persistent,
 		Body:          r.Response,
-		Headers:       amqp.Table{"x-idemq-outcome": string(r.Outcome), "x-idemq-response-code": int32(r.Code)},
+		Headers:       amqp.Table{header.Outcome: string(r.Outcome), header.ResponseCode: int32(r.Code)},
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.PublishTimeout)
 	defer cancel()

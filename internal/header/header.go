@@ -47,6 +47,10 @@ const (
 	Reason   = Prefix + "reason"
 	Error    = Prefix + "error"
 	Attempts = Prefix + "attempts"
+	// Outcome and ResponseCode describe the stored result on a reply sent
+	// to reply_to (not signed: a reply is for its requester).
+	Outcome      = Prefix + "outcome"
+	ResponseCode = Prefix + "response-code"
 	// Signature proves that idemq wrote the signed headers: "v1." and the
 	// unpadded base64url HMAC-SHA256.
 	Signature = Prefix + "signature"
