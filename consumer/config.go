@@ -28,6 +28,7 @@ const (
 	DefaultRetryMultiplier = 5.0
 	DefaultRetryMax        = 10 * time.Minute
 	DefaultPublishTimeout  = 30 * time.Second
+	DefaultStoreTimeout    = 30 * time.Second
 )
 
 // KeyFunc extracts the idempotency key from a delivery. Return "" when there
@@ -84,6 +85,14 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// PublishTimeout bounds the wait for a publisher confirm. Default 30s.
 	PublishTimeout time.Duration
+	// StoreTimeout bounds each key-store call the runtime makes on its own
+	// behalf: reserve, release, and a group's begin, savepoints, key
+	// completion, commit and rollback (what runs with the handler, and a
+	// single message's commit, is bounded by HandlerTimeout). A call that
+	// times out is an infrastructure failure: nothing is acked without a
+	// commit, the keys are released or their leases expire, and the
+	// messages are retried. Default 30s.
+	StoreTimeout time.Duration
 
 	// Lease overrides the store's lease for this consumer's keys when positive.
 	Lease time.Duration
@@ -159,6 +168,7 @@ func (c *Config) WithDefaults() Config {
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
+	out.StoreTimeout = cmp.Or(out.StoreTimeout, DefaultStoreTimeout)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, DefaultMaxAttempts)
 	out.RetryInitial = cmp.Or(out.RetryInitial, DefaultRetryInitial)
 	out.RetryMultiplier = cmp.Or(out.RetryMultiplier, DefaultRetryMultiplier)
@@ -195,6 +205,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
+	}
+	if c.StoreTimeout < 0 {
+		errs = append(errs, fmt.Errorf("store timeout %s must not be negative", c.StoreTimeout))
 	}
 	if c.RetryMultiplier < 1 {
 		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))
