@@ -28,6 +28,9 @@ const (
 	DefaultRetryMultiplier = 5.0
 	DefaultRetryMax        = 10 * time.Minute
 	DefaultPublishTimeout  = 30 * time.Second
+	DefaultStoreTimeout    = 30 * time.Second
+	// DefaultMaxInFlightBytes is the default MaxInFlightBytes: 64 MiB.
+	DefaultMaxInFlightBytes = 64 << 20
 )
 
 // KeyFunc extracts the idempotency key from a delivery. Return "" when there
@@ -84,6 +87,22 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// PublishTimeout bounds the wait for a publisher confirm. Default 30s.
 	PublishTimeout time.Duration
+	// StoreTimeout bounds each key-store call the runtime makes on its own
+	// behalf: reserve, release, and a group's begin, savepoints, key
+	// completion, commit and rollback (what runs with the handler, and a
+	// single message's commit, is bounded by HandlerTimeout). A call that
+	// times out is an infrastructure failure: nothing is acked without a
+	// commit, the keys are released or their leases expire, and the
+	// messages are retried. Default 30s.
+	StoreTimeout time.Duration
+	// MaxInFlightBytes bounds the body bytes of the deliveries the runtime
+	// holds: taken from the client library and not yet settled. Over the
+	// budget it takes no more until some settle; a single delivery larger
+	// than the whole budget is still taken, and handled alone. It does not
+	// cover what amqp091-go buffers itself (up to Prefetch deliveries), and
+	// RabbitMQ ignores the QoS prefetch-size: Prefetch times the largest
+	// message bounds that. Default 64 MiB.
+	MaxInFlightBytes int
 
 	// Lease overrides the store's lease for this consumer's keys when positive.
 	Lease time.Duration
@@ -169,6 +188,8 @@ func (c *Config) WithDefaults() Config {
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
+	out.StoreTimeout = cmp.Or(out.StoreTimeout, DefaultStoreTimeout)
+	out.MaxInFlightBytes = cmp.Or(out.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, DefaultMaxAttempts)
 	out.RetryInitial = cmp.Or(out.RetryInitial, DefaultRetryInitial)
 	out.RetryMultiplier = cmp.Or(out.RetryMultiplier, DefaultRetryMultiplier)
@@ -210,6 +231,12 @@ func (c Config) validate() error {
 		if err := configuredKeys(c.HeaderKeys).Validate(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.StoreTimeout < 0 {
+		errs = append(errs, fmt.Errorf("store timeout %s must not be negative", c.StoreTimeout))
+	}
+	if c.MaxInFlightBytes < 0 {
+		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
 	if c.RetryMultiplier < 1 {
 		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))

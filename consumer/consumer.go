@@ -256,7 +256,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.
 	hard, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
-	s := &session{pub: pub, stop: make(chan struct{})}
+	s := &session{pub: pub, stop: make(chan struct{}), budget: newByteBudget(int64(c.cfg.MaxInFlightBytes))}
 	if !c.cfg.IndividualAcks {
 		s.acks = newAckWindow(ch, c.cfg.Prefetch, func(err error) {
 			c.log.Warn("ack failed; the broker redelivers the unacked messages", "err", redact.Error(err))
@@ -266,13 +266,17 @@ func (c *Consumer) session(ctx context.Context) error {
 	// The library hands deliveries over one by one on an unbuffered channel;
 	// a buffer as deep as the prefetch lets a worker take a whole group at
 	// once. Deliveries left in it at a stop are never acked: the broker
-	// redelivers them.
+	// redelivers them. Over MaxInFlightBytes, no more are taken until some
+	// settle (the library then holds them, up to the prefetch).
 	buffered := make(chan amqp.Delivery, c.cfg.Prefetch)
 	go func() {
 		defer close(buffered)
 		for d := range deliveries {
 			if s.acks != nil {
 				s.acks.track(d.DeliveryTag)
+			}
+			if !s.budget.take(int64(len(d.Body)), s.stop) {
+				return
 			}
 			select {
 			case buffered <- d:
@@ -324,9 +328,10 @@ func (c *Consumer) session(ctx context.Context) error {
 
 // session is the state workers share during one connection.
 type session struct {
-	pub  *confirm.Publisher
-	stop chan struct{}
-	acks *ackWindow // nil with IndividualAcks
+	pub    *confirm.Publisher
+	stop   chan struct{}
+	acks   *ackWindow // nil with IndividualAcks
+	budget *byteBudget
 }
 
 // flush sends the acks made ready so far (see ackWindow).
@@ -370,12 +375,23 @@ func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.
 			if c.cfg.GroupSize > 1 {
 				if group := c.collect(&d, deliveries, s.stop); len(group) > 1 {
 					c.processGroup(ctx, s, group)
+					s.budget.give(bodyBytes(group))
 					continue
 				}
 			}
 			c.process(ctx, s, &d)
+			s.budget.give(int64(len(d.Body)))
 		}
 	}
+}
+
+// bodyBytes is the size of the deliveries' bodies.
+func bodyBytes(ds []*amqp.Delivery) int64 {
+	var n int64
+	for _, d := range ds {
+		n += int64(len(d.Body))
+	}
+	return n
 }
 
 // closeReason is the error a Notify*Close channel delivered; a nil one

@@ -115,7 +115,7 @@ func (c *Consumer) reserveAndRun(ctx context.Context, s *session, claimed []*ite
 	for i, it := range claimed {
 		claims[i] = it.claim
 	}
-	rctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	rctx, cancel := c.storeCtx(ctx)
 	defer cancel()
 	rctx, rspan := c.tracer.Start(rctx, "idemq reserve batch", groupLinks(claimed))
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
@@ -172,6 +172,7 @@ func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
 	t0 := time.Now()
 	results := c.runGroupTx(ctx, items)
 	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	c.releaseFailed(ctx, items, results)
 	for i, it := range items {
 		r := results[i]
 		if r.err == nil {
@@ -184,7 +185,27 @@ func (c *Consumer) runGroup(ctx context.Context, s *session, items []*item) {
 			it.ev = c.ack(s, it.d, it.ev)
 			continue
 		}
-		it.ev = c.settleFailure(it.ctx, s, it.d, it.ev, it.attempt, it.lease, r.err, r.bystander)
+		it.ev = c.settleFailure(it.ctx, s, it.d, it.ev, it.attempt, nil, r.err, r.bystander)
+	}
+}
+
+// releaseFailed releases, with one statement bounded by StoreTimeout, the
+// keys of the items whose run did not commit (a lost lease has nothing to
+// release), so that their retries take them over at once.
+func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []groupResult) {
+	var leases []*dedup.Lease
+	for i, it := range items {
+		if err := results[i].err; err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+			leases = append(leases, it.lease)
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	sctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	if _, err := c.store.ReleaseBatch(sctx, leases); err != nil {
+		c.log.Warn("release keys failed; the leases will expire", "keys", len(leases), "err", redact.Error(err))
 	}
 }
 
@@ -216,11 +237,11 @@ func failAll(out []groupResult, err error) []groupResult {
 // lease was lost: the caller then runs the items isolated. A failed commit
 // fails the group instead: its outcome is unknown, so nothing runs again.
 func (c *Consumer) runWhole(ctx context.Context, items []*item) ([]groupResult, bool) {
-	tx, err := c.store.Pool().Begin(ctx)
+	tx, err := c.beginGroup(ctx)
 	if err != nil {
 		return nil, false
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer c.rollback(ctx, tx)
 	var results []dedup.Result
 	if c.batchHandler != nil {
 		results, err = c.runBatch(ctx, tx, items)
@@ -236,13 +257,13 @@ func (c *Consumer) runWhole(ctx context.Context, items []*item) ([]groupResult, 
 	}
 	cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(items))
 	defer cspan.End()
-	lost, err := c.store.CompleteBatch(cctx, tx, leases, results)
+	lost, err := c.completeBatch(cctx, tx, leases, results)
 	if err != nil || len(lost) > 0 {
 		cspan.AddEvent("idemq.group_isolated", trace.WithAttributes(attribute.Int("idemq.leases_lost", len(lost))))
 		return nil, false
 	}
 	out := make([]groupResult, len(items))
-	if err := tx.Commit(cctx); err != nil {
+	if err := c.commit(cctx, tx); err != nil {
 		cspan.SetStatus(codes.Error, redact.Error(err))
 		return failAll(out, fmt.Errorf("commit: %w", err)), true
 	}
@@ -306,13 +327,16 @@ func (c *Consumer) runHandlers(ctx context.Context, tx pgx.Tx, items []*item) ([
 // own effects and key; then it commits once.
 func (c *Consumer) runIsolated(ctx context.Context, items []*item) []groupResult {
 	out := make([]groupResult, len(items))
-	tx, err := c.store.Pool().Begin(ctx)
+	tx, err := c.beginGroup(ctx)
 	if err != nil {
-		return failAll(out, fmt.Errorf("begin: %w", err))
+		return failAll(out, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer c.rollback(ctx, tx)
 	sp := &savepoints{tx: tx}
-	if err := sp.open(ctx); err != nil {
+	sctx, cancel := c.storeCtx(ctx)
+	err = sp.open(sctx)
+	cancel()
+	if err != nil {
 		return failAll(out, fmt.Errorf("savepoint: %w", err))
 	}
 	for i, it := range items {
@@ -330,11 +354,38 @@ func (c *Consumer) runIsolated(ctx context.Context, items []*item) []groupResult
 	}
 	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	defer cspan.End()
-	if err := tx.Commit(cctx); err != nil {
+	if err := c.commit(cctx, tx); err != nil {
 		cspan.SetStatus(codes.Error, redact.Error(err))
 		return failAll(out, fmt.Errorf("commit: %w", err))
 	}
 	return out
+}
+
+// beginGroup opens a group's transaction, bounded by StoreTimeout.
+func (c *Consumer) beginGroup(ctx context.Context) (pgx.Tx, error) {
+	bctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	tx, err := c.store.Pool().Begin(bctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin group: %w", err)
+	}
+	return tx, nil
+}
+
+// completeBatch completes a whole group's keys, bounded by StoreTimeout.
+func (c *Consumer) completeBatch(ctx context.Context, tx pgx.Tx, leases []*dedup.Lease, results []dedup.Result) ([]*dedup.Lease, error) {
+	cctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	return c.store.CompleteBatch(cctx, tx, leases, results)
+}
+
+// commit commits a group's transaction, bounded by StoreTimeout. A commit
+// that times out has an unknown fate: the group is retried, and each retry
+// finds its key completed (a duplicate) if the commit did land.
+func (c *Consumer) commit(ctx context.Context, tx pgx.Tx) error {
+	cctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	return tx.Commit(cctx)
 }
 
 // runOne runs one item's handler above the newest savepoint and completes
@@ -355,7 +406,9 @@ func (c *Consumer) runOne(ctx context.Context, sp *savepoints, it *item, r *grou
 	if herr != nil {
 		hspan.SetStatus(codes.Error, redact.Error(herr))
 		r.err = herr
-		if err := sp.rollback(context.WithoutCancel(ctx)); err != nil {
+		rctx, rcancel := c.storeCtx(context.WithoutCancel(ctx))
+		defer rcancel()
+		if err := sp.rollback(rctx); err != nil {
 			return fmt.Errorf("roll back to savepoint: %w", err)
 		}
 		return nil
@@ -444,29 +497,31 @@ func (c *Consumer) safeBatchCall(ctx context.Context, tx pgx.Tx, ds []*Delivery)
 
 // groupHeartbeat extends the group's leases with one statement every
 // lease/3. A lost lease needs no cancellation here: the key's completion is
-// fenced and fails under its savepoint.
+// fenced and fails under its savepoint. As for a single lease, each extend
+// is bounded by the period and stop cancels the one in flight.
 func (c *Consumer) groupHeartbeat(ctx context.Context, leases []*dedup.Lease) (stop func()) {
-	period := time.Until(leases[0].LockedUntil) / 3
-	if period <= 0 {
-		period = time.Second
-	}
-	done, finished := make(chan struct{}), make(chan struct{})
+	period := beatPeriod(leases[0])
+	ctx, endBeats := context.WithCancel(ctx)
+	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
+			case <-ctx.Done():
 				return
 			case <-t.C:
-				if _, err := c.store.ExtendBatch(ctx, leases, c.cfg.Lease); err != nil && ctx.Err() == nil {
+				bctx, cancel := context.WithTimeout(ctx, period)
+				_, err := c.store.ExtendBatch(bctx, leases, c.cfg.Lease)
+				cancel()
+				if err != nil && ctx.Err() == nil {
 					c.log.Warn("lease heartbeat failed", "err", redact.Error(err))
 				}
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() { endBeats(); <-finished }
 }
 
 func removeAll(items, drop []*item) []*item {

@@ -30,6 +30,8 @@ type harness struct {
 	cfg    consumer.Config
 	conn   *amqp.Connection
 	pub    *amqp.Channel
+	// mode is the consumer mode start runs (see testMode).
+	mode string
 
 	mu     sync.Mutex
 	events []consumer.Event
@@ -52,7 +54,7 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1)}
+	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1), mode: testMode()}
 	queue := testamqp.Name(t, "q")
 	h.cfg = consumer.Config{
 		URL:             testamqp.URL(),
@@ -108,7 +110,7 @@ func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
 	for range n {
 		var c *consumer.Consumer
 		var err error
-		if testMode() == "batch" {
+		if h.mode == "batch" {
 			c, err = consumer.NewBatch(h.store, asBatch(handler), &h.cfg)
 		} else {
 			c, err = consumer.New(h.store, handler, &h.cfg)

@@ -18,8 +18,9 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// settleTimeout bounds the key and broker writes that settle a delivery
-// after its handler, even when the handler's context is gone.
+// settleTimeout bounds the broker writes that settle a delivery after its
+// handler (the replacing copy, the reply), even when the handler's context
+// is gone. Key-store calls are bounded by Config.StoreTimeout.
 const settleTimeout = 30 * time.Second
 
 // busyRecheck bounds how long a copy that found its key busy waits before
@@ -96,7 +97,7 @@ func (c *Consumer) process(ctx context.Context, s *session, d *amqp.Delivery) {
 	if !c.prepare(s, it) {
 		return
 	}
-	rctx, cancel := context.WithTimeout(it.ctx, settleTimeout)
+	rctx, cancel := c.storeCtx(it.ctx)
 	defer cancel()
 	rctx, rspan := c.tracer.Start(rctx, "idemq reserve")
 	t0 := time.Now()
@@ -252,10 +253,10 @@ func (c *Consumer) handle(ctx context.Context, s *session, d *amqp.Delivery, ev 
 }
 
 // settleFailure routes a handler run that did not commit: a lost lease comes
-// back later; otherwise the key is released and the message goes to the DLQ
-// (permanent), or to a retry tier. bystander marks a run that failed only
-// because a batch-mate broke the shared transaction: it retries without
-// counting an attempt.
+// back later; otherwise the key is released (unless lease is nil: the
+// caller released it) and the message goes to the DLQ (permanent), or to a
+// retry tier. bystander marks a run that failed only because a batch-mate
+// broke the shared transaction: it retries without counting an attempt.
 func (c *Consumer) settleFailure(ctx context.Context, s *session, d *amqp.Delivery, ev Event, attempt int, lease *dedup.Lease, herr error, bystander bool) Event {
 	ev.Err = herr
 	if errors.Is(herr, dedup.ErrLeaseLost) {
@@ -265,10 +266,12 @@ func (c *Consumer) settleFailure(ctx context.Context, s *session, d *amqp.Delive
 		return c.retryLater(ctx, s, d, ev, attempt, c.topo.TierFor(1), herr)
 	}
 	// Release the key now so the retry takes it over without waiting for the lease.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer scancel()
-	if err := c.store.Release(sctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
-		c.log.Warn("release key failed; the lease will expire", "key_hash", ev.KeyHash, "err", redact.Error(err))
+	if lease != nil {
+		sctx, scancel := c.storeCtx(context.WithoutCancel(ctx))
+		defer scancel()
+		if err := c.store.Release(sctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+			c.log.Warn("release key failed; the lease will expire", "key_hash", ev.KeyHash, "err", redact.Error(err))
+		}
 	}
 	switch {
 	case IsPermanent(herr):
@@ -286,13 +289,12 @@ var (
 )
 
 // heartbeat extends the lease every lease/3 until stopped; when the lease is
-// lost it cancels the handler with ErrLeaseLost as the cause.
+// lost it cancels the handler with ErrLeaseLost as the cause. Each extend is
+// bounded by the period (the next one takes over), and stop cancels the one
+// in flight rather than wait for it.
 func (c *Consumer) heartbeat(ctx context.Context, lease *dedup.Lease, cancel context.CancelCauseFunc) (stop func()) {
-	period := time.Until(lease.LockedUntil) / 3
-	if period <= 0 {
-		period = time.Second
-	}
-	done := make(chan struct{})
+	period := beatPeriod(lease)
+	ctx, endBeats := context.WithCancel(ctx)
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
@@ -300,12 +302,12 @@ func (c *Consumer) heartbeat(ctx context.Context, lease *dedup.Lease, cancel con
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
-				return
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				err := c.store.Extend(ctx, lease, c.cfg.Lease)
+				bctx, bcancel := context.WithTimeout(ctx, period)
+				err := c.store.Extend(bctx, lease, c.cfg.Lease)
+				bcancel()
 				if errors.Is(err, dedup.ErrLeaseLost) {
 					cancel(errLeaseLostByBeat)
 					return
@@ -316,7 +318,29 @@ func (c *Consumer) heartbeat(ctx context.Context, lease *dedup.Lease, cancel con
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() { endBeats(); <-finished }
+}
+
+// beatPeriod is a third of what is left of the lease (1s if nothing is).
+func beatPeriod(l *dedup.Lease) time.Duration {
+	if p := time.Until(l.LockedUntil) / 3; p > 0 {
+		return p
+	}
+	return time.Second
+}
+
+// storeCtx bounds one key-store call the runtime makes on its own behalf
+// by StoreTimeout.
+func (c *Consumer) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.cfg.StoreTimeout)
+}
+
+// rollback rolls tx back, bounded by StoreTimeout, even when ctx is gone.
+// On a dead connection pgx closes it instead; either way nothing commits.
+func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
 
 // runInTx runs the handler in a transaction and, unless it failed, completes
@@ -330,7 +354,7 @@ func (c *Consumer) runInTx(ctx context.Context, del *Delivery, lease *dedup.Leas
 	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			c.rollback(ctx, tx)
 		}
 	}()
 	hctx = c.withClaim(hctx, del)

@@ -224,6 +224,42 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 	return lost, nil
 }
 
+// ReleaseBatch releases many keys with one statement, with the semantics
+// and fencing of Release, and returns the leases that were already lost.
+func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease) (lost []*Lease, err error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	n := len(leases)
+	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
+	pending := make(map[[16]byte]*Lease, n)
+	for i, l := range leases {
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		pending[l.Token] = l
+	}
+	rows, err := s.pool.Query(ctx, s.sql.releaseBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens)
+	if err != nil {
+		return nil, interpretError("release keys", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var token [16]byte
+		if err := rows.Scan(&token); err != nil {
+			return nil, interpretError("release keys", err)
+		}
+		delete(pending, token)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("release keys", err)
+	}
+	for _, l := range leases {
+		if _, ok := pending[l.Token]; ok {
+			lost = append(lost, l)
+		}
+	}
+	return lost, nil
+}
+
 // CompleteBatch completes many keys inside the caller's transaction with
 // one statement, each fenced by its own lease token. It returns the leases
 // that were lost; if any were, the caller must roll back (or roll back to a

@@ -8,6 +8,7 @@ type statements struct {
 	gcCompleted, gcAbandoned                                string
 	reserveBatch, inspectBatch, extendBatch, completeBatch  string
 	headerKeys                                              string
+	releaseBatch                                            string
 }
 
 func newStatements(schema string, durable bool) statements {
@@ -83,6 +84,22 @@ UPDATE ` + t + ` AS k
 SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response,
     lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
 FROM c JOIN locked AS l USING (consumer, tenant, key)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
+  AND k.lease_token = c.token AND k.state = 'in_progress'
+RETURNING c.token`,
+
+		// The batch form of release, locking in the same global key order.
+		releaseBatch: withCTE(async) + `c AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+), locked AS MATERIALIZED (
+    SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
+    WHERE k.lease_token = c.token AND k.state = 'in_progress'
+    ORDER BY k.consumer COLLATE "C", k.tenant COLLATE "C", k.key COLLATE "C"
+    FOR UPDATE OF k
+)
+UPDATE ` + t + ` AS k
+SET lease_token = NULL, locked_until = now(), updated_at = now()
+FROM` + from + ` c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
 RETURNING c.token`,

@@ -26,22 +26,37 @@ type relayStatements struct {
 func newRelayStatements(schema string) relayStatements {
 	t := pgx.Identifier{schema, "outbox"}.Sanitize()
 	return relayStatements{
-		// Pending rows in id order. A row with an ordering key is eligible
-		// only while no older row of its key is pending (published or parked
-		// ones do not block), so one relay holds at most the head of a key.
-		claim: `SELECT o.id, o.exchange, o.routing_key, o.headers_amqp, o.headers_jsonb, o.body, o.content_type,
+		// Up to $1 pending rows in id order are locked, and of those the
+		// prefix whose bodies add up to at most $2 bytes is read (the first
+		// row always, whatever its size); the rows past it stay locked,
+		// unread, until the batch ends. A row with an ordering key is
+		// eligible only while no older row of its key is pending (published
+		// or parked ones do not block), so one relay holds at most the head
+		// of a key. Each row carries how many were locked.
+		claim: `WITH locked AS MATERIALIZED (
+    SELECT o.id, octet_length(o.body) AS size
+    FROM ` + t + ` o
+    WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.available_at <= now()
+      AND (o.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM ` + t + ` p
+          WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+            AND p.published_at IS NULL AND p.parked_at IS NULL))
+    ORDER BY o.id
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED
+), cut AS (
+    SELECT id, count(*) OVER () AS locked, row_number() OVER w AS n, sum(size) OVER w AS upto
+    FROM locked
+    WINDOW w AS (ORDER BY id)
+)
+SELECT o.id, o.exchange, o.routing_key, o.headers_amqp, o.headers_jsonb, o.body, o.content_type,
     o.content_encoding, o.delivery_mode, o.priority, o.correlation_id, o.reply_to,
     o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''),
-    coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), o.attempts, o.returns, o.created_at
-FROM ` + t + ` o
-WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.available_at <= now()
-  AND (o.ordering_key IS NULL OR NOT EXISTS (
-      SELECT 1 FROM ` + t + ` p
-      WHERE p.ordering_key = o.ordering_key AND p.id < o.id
-        AND p.published_at IS NULL AND p.parked_at IS NULL))
-ORDER BY o.id
-LIMIT $1
-FOR UPDATE OF o SKIP LOCKED`,
+    coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), o.attempts, o.returns, o.created_at,
+    c.locked
+FROM cut c JOIN ` + t + ` o ON o.id = c.id
+WHERE c.n = 1 OR c.upto <= $2
+ORDER BY o.id`,
 
 		// One transaction-scoped advisory lock per ordering key: a relay
 		// whose snapshot shows an older head of the key than another relay
@@ -124,13 +139,13 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	if r.isolate > 0 {
 		limit = 1
 	}
-	rows, claimed, err := r.claim(bctx, tx, limit)
+	rows, claimed, cut, err := r.claim(bctx, tx, limit)
 	if err != nil {
 		return false, err
 	}
 	// Rows skipped for their ordering key's lock do not count: another
 	// relay is publishing that key; wait to be woken rather than spin.
-	full = claimed == limit && len(rows) > 0
+	full = (claimed == limit || cut) && len(rows) > 0
 	if r.isolate > 0 {
 		r.isolate = max(r.isolate-1, 0)
 		if claimed == 0 {
@@ -212,25 +227,27 @@ func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
 	r.report(ctx, pubs)
 }
 
-// claim locks up to limit rows and returns those it may publish, and how
-// many it locked.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) ([]*row, int, error) {
-	rs, err := tx.Query(ctx, r.sql.claim, limit)
+// claim locks up to limit rows and returns those it may publish (within
+// MaxBatchBytes), how many it locked, and whether the byte bound cut the
+// batch short.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) (rows []*row, claimed int, cut bool, err error) {
+	rs, err := tx.Query(ctx, r.sql.claim, limit, r.cfg.MaxBatchBytes)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim: %w", err)
+		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}
-	rows, err := pgx.CollectRows(rs, func(rs pgx.CollectableRow) (*row, error) {
+	rows, err = pgx.CollectRows(rs, func(rs pgx.CollectableRow) (*row, error) {
 		var w row
 		err := rs.Scan(&w.id, &w.exchange, &w.routingKey, &w.headers, &w.headersJSON, &w.body, &w.contentType,
 			&w.contentEncoding, &w.deliveryMode, &w.priority, &w.correlationID, &w.replyTo,
 			&w.expiration, &w.typ, &w.appID, &w.messageID, &w.orderingKey,
-			&w.traceparent, &w.tracestate, &w.attempts, &w.returns, &w.createdAt)
+			&w.traceparent, &w.tracestate, &w.attempts, &w.returns, &w.createdAt,
+			&claimed)
 		return &w, err
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim: %w", err)
+		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}
-	claimed := len(rows)
+	cut = claimed > len(rows)
 	var keys []string
 	for _, w := range rows {
 		if w.orderingKey != "" {
@@ -238,15 +255,15 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) ([]*row, int, e
 		}
 	}
 	if len(keys) == 0 {
-		return rows, claimed, nil
+		return rows, claimed, cut, nil
 	}
 	krs, err := tx.Query(ctx, r.sql.lockKeys, keys, r.sql.lockClass)
 	if err != nil {
-		return nil, 0, fmt.Errorf("lock ordering keys: %w", err)
+		return nil, 0, false, fmt.Errorf("lock ordering keys: %w", err)
 	}
 	locked, err := pgx.CollectRows(krs, pgx.RowTo[string])
 	if err != nil {
-		return nil, 0, fmt.Errorf("lock ordering keys: %w", err)
+		return nil, 0, false, fmt.Errorf("lock ordering keys: %w", err)
 	}
 	held := make(map[string]bool, len(locked))
 	for _, k := range locked {
@@ -258,7 +275,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) ([]*row, int, e
 			out = append(out, w)
 		}
 	}
-	return out, claimed, nil
+	return out, claimed, cut, nil
 }
 
 // publishAll publishes the rows in id order, mandatory and with confirms.

@@ -249,6 +249,7 @@ func TestRelayConfigValidation(t *testing.T) {
 		{BatchSize: -1},
 		{RetryInitial: time.Minute, RetryMax: time.Second},
 		{PollInterval: -time.Second},
+		{MaxBatchBytes: -1},
 	} {
 		if _, err := outbox.NewRelay(e.pool, "amqp://guest:guest@127.0.0.1:5672/", cfg); err == nil {
 			t.Errorf("config %+v accepted", cfg)
@@ -267,6 +268,9 @@ func TestRelayConfigValidation(t *testing.T) {
 	r, err := outbox.NewRelay(e.pool, "amqp://guest:guest@127.0.0.1:5672/", nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := r.Config().MaxBatchBytes; got != outbox.DefaultMaxBatchBytes {
+		t.Fatalf("default max batch bytes %d, want %d", got, outbox.DefaultMaxBatchBytes)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

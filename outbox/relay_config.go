@@ -19,6 +19,7 @@ import (
 // Defaults used where a RelayConfig leaves a field zero.
 const (
 	DefaultBatchSize         = 100
+	DefaultMaxBatchBytes     = 16 << 20 // 16 MiB
 	DefaultPollInterval      = time.Second
 	DefaultConfirmTimeout    = 10 * time.Second
 	DefaultMaxReturns        = 5
@@ -45,6 +46,11 @@ type RelayConfig struct {
 	Dial DialFunc
 	// BatchSize is the most rows claimed, published and confirmed together. Default 100.
 	BatchSize int
+	// MaxBatchBytes bounds the body bytes of one batch, which the relay
+	// holds in memory until its confirms: rows are taken in id order until
+	// the next body would go over it; a row larger than the bound still goes
+	// out, alone. Headers and properties are not counted. Default 16 MiB.
+	MaxBatchBytes int
 	// PollInterval is how often the relay looks for rows when no NOTIFY
 	// wakes it (a missed notification, rows whose backoff ended). Default 1s.
 	PollInterval time.Duration
@@ -83,6 +89,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
 	out.ConnectionName = cmp.Or(out.ConnectionName, DefaultConnectionName)
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.MaxBatchBytes = cmp.Or(out.MaxBatchBytes, DefaultMaxBatchBytes)
 	out.PollInterval = cmp.Or(out.PollInterval, DefaultPollInterval)
 	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, DefaultConfirmTimeout)
 	out.MaxReturns = cmp.Or(out.MaxReturns, DefaultMaxReturns)
@@ -99,6 +106,9 @@ func (c RelayConfig) validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("batch size %d: want 1 to 10000", c.BatchSize)
+	}
+	if c.MaxBatchBytes < 0 {
+		return fmt.Errorf("max batch bytes %d must not be negative", c.MaxBatchBytes)
 	}
 	if c.MaxReturns < 1 {
 		return fmt.Errorf("max returns %d must be positive", c.MaxReturns)

@@ -1,0 +1,39 @@
+package consumer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+// The bounds on waits and memory have defaults, and a negative one is refused.
+func TestConfigBounds(t *testing.T) {
+	t.Parallel()
+	c := (&consumer.Config{}).WithDefaults()
+	if c.StoreTimeout != consumer.DefaultStoreTimeout || c.MaxInFlightBytes != consumer.DefaultMaxInFlightBytes {
+		t.Fatalf("defaults: store timeout %s, max in-flight bytes %d", c.StoreTimeout, c.MaxInFlightBytes)
+	}
+	store, err := dedup.NewStore(testdb.Pool(t, 1), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noop := func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+		return consumer.Response{}, nil
+	}
+	for name, mod := range map[string]func(*consumer.Config){
+		"store timeout":       func(c *consumer.Config) { c.StoreTimeout = -time.Second },
+		"max in-flight bytes": func(c *consumer.Config) { c.MaxInFlightBytes = -1 },
+	} {
+		cfg := consumer.Config{URL: "amqp://127.0.0.1:1/", Queue: "q", Name: "n"}
+		mod(&cfg)
+		if _, err := consumer.New(store, noop, &cfg); err == nil {
+			t.Errorf("a negative %s was accepted", name)
+		}
+	}
+}
