@@ -16,8 +16,11 @@ import (
 
 // Defaults used where a Config leaves a field zero.
 const (
-	DefaultConcurrency     = 8
-	DefaultGroupSize       = 16
+	DefaultConcurrency = 8
+	DefaultGroupSize   = 16
+	// DefaultBatchGroupSize is the default GroupSize of a consumer made by
+	// NewBatch.
+	DefaultBatchGroupSize  = 100
 	DefaultMaxAttempts     = 5
 	DefaultDeliveryLimit   = 20
 	DefaultHandlerTimeout  = time.Minute
@@ -53,15 +56,17 @@ type Config struct {
 	// Concurrency is the number of deliveries handled at once. Default 8.
 	Concurrency int
 	// Prefetch is the channel's QoS prefetch count. Default
-	// Concurrency × max(2, GroupSize+1).
+	// (Concurrency+1) × GroupSize (a group for every executor and one
+	// filling), at least 2 × Concurrency.
 	Prefetch int
-	// GroupSize is group commit: a worker takes up to GroupSize waiting
-	// deliveries (only those already waiting, unless GroupLinger), reserves
-	// their keys with one statement, runs each handler under its own
-	// savepoint of one shared transaction and commits once. A failing handler
-	// rolls back only its own effects and key; each handler runs once per
-	// delivery. 1 turns it off (one transaction per message). A BatchHandler
-	// always runs in groups (default size 100). Default 16.
+	// GroupSize is group commit: one collector per connection forms groups
+	// of up to GroupSize deliveries (what is waiting when an executor is
+	// free, or more with GroupLinger) and each of Concurrency executors runs
+	// one group at a time: its keys reserved with one statement, each handler
+	// under its own savepoint of one shared transaction, one commit. A
+	// failing handler rolls back only its own effects and key; each handler
+	// runs once per delivery. 1 turns it off (one transaction per message).
+	// Default 16; DefaultBatchGroupSize for NewBatch.
 	GroupSize int
 	// GroupOptimistic runs a group's handlers without a savepoint each and
 	// completes all keys with one statement; if any handler fails, the
@@ -76,11 +81,15 @@ type Config struct {
 	// delivery waits at most 20ms before it is sent on its own. Either way
 	// no delivery is acked before the commit that made its outcome durable.
 	IndividualAcks bool
-	// GroupLinger is how long a worker waits for a group to fill; 0 takes
-	// only what is already waiting, adding no latency.
+	// GroupLinger is how long a group may wait to fill once its first
+	// delivery is in (while an executor is free); 0 hands over what is
+	// waiting, adding no latency. While every executor is busy, groups fill
+	// anyway.
 	GroupLinger time.Duration
-	// HandlerTimeout bounds one handler run (an infrastructure failure when
-	// exceeded). Default 1 minute.
+	// HandlerTimeout bounds one call of user code, the same in every mode:
+	// a Handler's call for one delivery, a BatchHandler's call for its
+	// batch (an infrastructure failure when exceeded). The completion and
+	// commit that follow are bounded by StoreTimeout. Default 1 minute.
 	HandlerTimeout time.Duration
 	// ShutdownTimeout bounds how long in-flight handlers may finish after
 	// the context ends. Default 30s.
@@ -177,14 +186,20 @@ type Config struct {
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
-func (c *Config) WithDefaults() Config {
+func (c *Config) WithDefaults() Config { return c.withDefaults(DefaultGroupSize) }
+
+// withDefaults fills the gaps, with groupSize as the default GroupSize
+// (DefaultBatchGroupSize for NewBatch).
+func (c *Config) withDefaults(groupSize int) Config {
 	var out Config
 	if c != nil {
 		out = *c
 	}
 	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
-	out.GroupSize = cmp.Or(out.GroupSize, DefaultGroupSize)
-	out.Prefetch = cmp.Or(out.Prefetch, out.Concurrency*max(2, out.GroupSize+1))
+	out.GroupSize = cmp.Or(out.GroupSize, groupSize)
+	// Every executor's group plus the one filling, at least two deliveries
+	// per executor.
+	out.Prefetch = cmp.Or(out.Prefetch, max((out.Concurrency+1)*out.GroupSize, 2*out.Concurrency))
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)

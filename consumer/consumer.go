@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +37,8 @@ type Consumer struct {
 	handler Handler
 	// batchHandler replaces handler in batch mode.
 	batchHandler BatchHandler
+	// strategy runs a group's handlers (isolated, optimistic or batch).
+	strategy     strategy
 	cfg          Config
 	topo         Topology
 	deathReserve int // see deathReserve
@@ -57,10 +58,35 @@ type Consumer struct {
 // is invalid (Queue, Name and URL are required). New refuses a store whose
 // retention is shorter than the retry horizon, unless AllowShortRetention.
 func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
-	if store == nil || h == nil {
-		return nil, errors.New("consumer: nil store or handler")
+	if h == nil {
+		return nil, errors.New("consumer: nil handler")
 	}
-	c := cfg.WithDefaults()
+	return newConsumer(store, h, nil, cfg.withDefaults(DefaultGroupSize))
+}
+
+// NewBatch returns a consumer in batch mode: bh handles groups of up to
+// cfg.GroupSize deliveries (default DefaultBatchGroupSize) in one
+// transaction, with their keys reserved by one statement and completed by
+// another. See BatchHandler.
+func NewBatch(store *dedup.Store, bh BatchHandler, cfg *Config) (*Consumer, error) {
+	if bh == nil {
+		return nil, errors.New("consumer: nil batch handler")
+	}
+	// A delivery that runs alone (its batch failed) is a batch of one.
+	single := func(ctx context.Context, tx pgx.Tx, d *Delivery) (Response, error) {
+		rs, err := bh(ctx, tx, []*Delivery{d})
+		if err != nil || len(rs) != 1 {
+			return Response{}, cmp.Or(err, fmt.Errorf("batch handler returned %d responses for 1 delivery", len(rs)))
+		}
+		return rs[0], nil
+	}
+	return newConsumer(store, single, bh, cfg.withDefaults(DefaultBatchGroupSize))
+}
+
+func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Consumer, error) {
+	if store == nil {
+		return nil, errors.New("consumer: nil store")
+	}
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -80,9 +106,10 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
-	return &Consumer{
+	cons := &Consumer{
 		store:        store,
 		handler:      h,
+		batchHandler: bh,
 		cfg:          c,
 		topo:         topo,
 		deathReserve: deathReserve(topo),
@@ -90,42 +117,13 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 		tracer:       tp.Tracer(instrumentation),
 		prop:         otel.GetTextMapPropagator(),
 		metrics:      m,
-	}, nil
-}
-
-// NewBatch returns a consumer in batch mode: bh handles groups of up to
-// cfg.GroupSize deliveries (default 100) in one transaction, with their keys
-// reserved by one statement and completed by another. See BatchHandler.
-func NewBatch(store *dedup.Store, bh BatchHandler, cfg *Config) (*Consumer, error) {
-	if bh == nil {
-		return nil, errors.New("consumer: nil batch handler")
 	}
-	c := cfg.WithDefaults()
-	if cfg == nil || cfg.GroupSize == 0 {
-		c.GroupSize = 100
-		c.Prefetch = cmp.Or(valueOrZero(cfg).Prefetch, c.Concurrency*(c.GroupSize+1))
-	}
-	single := func(ctx context.Context, tx pgx.Tx, d *Delivery) (Response, error) {
-		rs, err := bh(ctx, tx, []*Delivery{d})
-		if err != nil || len(rs) != 1 {
-			return Response{}, cmp.Or(err, fmt.Errorf("batch handler returned %d responses for 1 delivery", len(rs)))
-		}
-		return rs[0], nil
-	}
-	cons, err := New(store, single, &c)
-	if err != nil {
-		return nil, err
-	}
-	cons.batchHandler = bh
+	cons.strategy = cons.newStrategy()
 	return cons, nil
 }
 
-func valueOrZero(c *Config) Config {
-	if c == nil {
-		return Config{}
-	}
-	return *c
-}
+// Config returns the configuration the consumer runs with, defaults filled.
+func (c *Consumer) Config() Config { return c.cfg }
 
 // Topology returns the queues and exchanges the consumer uses.
 func (c *Consumer) Topology() Topology { return c.topo }
@@ -285,12 +283,7 @@ func (c *Consumer) session(ctx context.Context) error {
 			}
 		}
 	}()
-	var wg sync.WaitGroup
-	for range c.cfg.Concurrency {
-		wg.Go(func() { c.work(hard, s, buffered) })
-	}
-	workersDone := make(chan struct{})
-	go func() { wg.Wait(); close(workersDone) }()
+	workersDone := c.runPipeline(hard, s, buffered)
 
 	var lost error
 	select {
@@ -355,43 +348,6 @@ func (s *session) nack(d *amqp.Delivery) {
 		return
 	}
 	_ = d.Nack(false, true)
-}
-
-func (c *Consumer) work(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
-	for {
-		select {
-		case <-s.stop:
-			return
-		case d, ok := <-deliveries:
-			if !ok {
-				return
-			}
-			select {
-			case <-s.stop:
-				// Not started: left unacked, the broker redelivers it.
-				return
-			default:
-			}
-			if c.cfg.GroupSize > 1 {
-				if group := c.collect(&d, deliveries, s.stop); len(group) > 1 {
-					c.processGroup(ctx, s, group)
-					s.budget.give(bodyBytes(group))
-					continue
-				}
-			}
-			c.process(ctx, s, &d)
-			s.budget.give(int64(len(d.Body)))
-		}
-	}
-}
-
-// bodyBytes is the size of the deliveries' bodies.
-func bodyBytes(ds []*amqp.Delivery) int64 {
-	var n int64
-	for _, d := range ds {
-		n += int64(len(d.Body))
-	}
-	return n
 }
 
 // closeReason is the error a Notify*Close channel delivered; a nil one

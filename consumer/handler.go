@@ -150,6 +150,20 @@ func storedResult(resp Response, err error) (dedup.Result, error) {
 }
 
 // PanicError is the infrastructure failure a handler's panic turns into.
-type PanicError struct{ Value any }
+type PanicError struct {
+	Value any
+	// Stack is the goroutine's stack where the handler panicked.
+	Stack []byte
+}
 
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// BatchHandler handles a batch of deliveries in one transaction: whatever
+// it writes in tx commits together with the completion of every key of the
+// batch, with one commit. It returns one Response per delivery, in order.
+//
+// If it returns an error, the batch's transaction rolls back and each
+// delivery is handled again alone (a batch of one, under its own savepoint),
+// so that one bad message never fails its batch-mates: its own error then
+// decides its outcome exactly as for a Handler (Reject, Permanent, retry).
+type BatchHandler func(ctx context.Context, tx pgx.Tx, ds []*Delivery) ([]Response, error)

@@ -1,0 +1,228 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/header"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// settleTimeout bounds the broker writes that settle a delivery after its
+// handler (the replacing copy, the reply), even when the handler's context
+// is gone. Key-store calls are bounded by Config.StoreTimeout.
+const settleTimeout = 30 * time.Second
+
+// busyRecheck bounds how long a copy that found its key busy waits before
+// it looks again.
+const busyRecheck = 5 * time.Second
+
+// copyFailedPause is how long a delivery whose replacing copy could not be
+// made durable is held before it goes back to its queue, so that a broken
+// route (a deleted tier or DLQ) does not turn into a redelivery loop at full
+// speed.
+const copyFailedPause = time.Second
+
+// settleSuccess settles an item whose effects and key completion committed:
+// the stored result goes to reply_to (if asked), then the ack.
+func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
+	if r.Outcome == dedup.OutcomeRejected {
+		it.ev.Outcome = OutcomeRejected
+	} else {
+		it.ev.Outcome = OutcomeProcessed
+	}
+	it.ev.ReplyErr = c.reply(s, it, r)
+	c.ack(s, it)
+}
+
+// settleFailure routes a handler run that did not commit (its key already
+// released by releaseFailed): a lost lease comes back later; otherwise the
+// message goes to the DLQ (permanent), or to a retry tier. A bystander (it
+// failed only because a group-mate broke the shared transaction) retries
+// without counting an attempt.
+func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander bool) {
+	it.ev.Err = herr
+	if pe := (*PanicError)(nil); errors.As(herr, &pe) {
+		c.log.Error("handler panicked", "key_hash", it.ev.KeyHash, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	switch {
+	case errors.Is(herr, dedup.ErrLeaseLost):
+		// Another worker owns the key now; its outcome stands. Come back
+		// later: by then the key is completed (a duplicate) or free again.
+		it.ev.Outcome = OutcomeLeaseLost
+		c.retryLater(s, it, c.topo.TierFor(1), herr)
+	case IsPermanent(herr):
+		c.deadLetter(s, it, ReasonPermanentError, herr)
+	case bystander:
+		it.ev.Outcome = OutcomeRetried
+		c.retryLater(s, it, c.topo.TierFor(1), herr)
+	default:
+		c.retryOrDeadLetter(s, it, herr)
+	}
+}
+
+// releaseFailed releases, with one statement bounded by StoreTimeout, the
+// keys of the items whose run did not commit (a lost lease has nothing to
+// release), so that their retries take them over at once.
+func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []groupResult) {
+	var leases []*dedup.Lease
+	for i, it := range items {
+		if err := results[i].err; err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+			leases = append(leases, it.lease)
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	sctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	if _, err := c.store.ReleaseBatch(sctx, leases); err != nil {
+		c.log.Warn("release keys failed; the leases will expire", "keys", len(leases), "err", redact.Error(err))
+	}
+}
+
+// retryOrDeadLetter sends a failed delivery to the next retry tier, or to
+// the DLQ once MaxAttempts is reached.
+func (c *Consumer) retryOrDeadLetter(s *session, it *item, cause error) {
+	it.ev.Err = cause
+	if it.attempt >= c.cfg.MaxAttempts {
+		c.deadLetter(s, it, ReasonMaxAttemptsExceeded, cause)
+		return
+	}
+	it.ev.Outcome = OutcomeRetried
+	if c.publishThenAck(s, it, "", c.topo.TierFor(it.attempt), RetryHeaders(it.attempt+1), "idemq retry publish") {
+		c.metrics.retries.Add(it.ctx, 1, c.metrics.with())
+	}
+}
+
+// retryLater sends the delivery through a delay tier without counting an
+// attempt (busy key, lost lease, a group-mate's failure).
+func (c *Consumer) retryLater(s *session, it *item, tier string, cause error) {
+	it.ev.Err = cause
+	c.publishThenAck(s, it, "", tier, RetryHeaders(it.attempt), "idemq retry publish")
+}
+
+// deadLetter publishes a copy to Q.dlx with the reason headers, then acks.
+// It is counted and logged as dead-lettered only once the broker confirmed
+// the copy.
+func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) {
+	if it.ev.Outcome == "" || it.ev.Outcome == OutcomeRetried {
+		it.ev.Outcome = OutcomeDeadLettered
+	}
+	it.ev.Reason, it.ev.Err = reason, cause
+	if c.publishThenAck(s, it, c.topo.DLX, "", DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
+		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.with(attribute.String("reason", reason)))
+		c.log.Warn("dead-lettered", "reason", reason, "key_hash", it.ev.KeyHash, "attempt", it.attempt, "err", redact.Error(cause))
+	}
+}
+
+// publishThenAck publishes the copy that replaces the delivery and acks the
+// delivery once the broker confirmed the copy (ok). If the copy cannot be
+// made durable (unroutable, nacked, not confirmed in time, channel closed),
+// the delivery goes back to its queue instead (nack with requeue), never
+// dropped, and the outcome is OutcomeCopyFailed. A copy that cannot fit in
+// one frame is dead-lettered headers_too_large instead (ok is false: the
+// intended copy did not go).
+func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, headers amqp.Table, spanName string) (ok bool) {
+	ctx, d := it.ctx, it.d
+	msg := c.replacement(d, it.ev, headers)
+	pctx, span := c.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "publish"),
+			attribute.String("messaging.destination.name", exchange+key)))
+	c.prop.Inject(pctx, headerCarrier(msg.Headers))
+	budget := s.pub.FrameMax()
+	if budget > 0 && exchange != c.topo.DLX {
+		// A retry copy comes back through the broker's dead-lettering,
+		// which adds headers of its own.
+		budget -= c.deathReserve
+	}
+	tooLarge := !trimToFit(&msg, budget)
+	if tooLarge {
+		// Even trimmed, the copy would not fit in one frame (sending it would
+		// make the broker close the connection): dead-letter it with the
+		// headers it can carry.
+		tooLargeCopy(&msg, s.pub.FrameMax(), ParseAttempt(headers))
+		exchange, key = c.topo.DLX, ""
+		it.ev.Outcome, it.ev.Reason = OutcomeDeadLettered, ReasonHeadersTooLarge
+		span.SetAttributes(attribute.String("idemq.reason", ReasonHeadersTooLarge))
+	}
+	// Trimming may have dropped signed headers: sign what is left (the
+	// signature's size does not change).
+	c.keys.Sign(msg.Headers, msg.MessageId, msg.Body, time.Now())
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), c.cfg.PublishTimeout)
+	defer cancel()
+	err := s.pub.PublishWait(sctx, exchange, key, msg)
+	if err != nil {
+		span.SetStatus(codes.Error, redact.Error(err))
+		span.End()
+		c.log.Error("the copy that replaces the message is not durable; returning the message to its queue",
+			"intended", string(it.ev.Outcome), "reason", it.ev.Reason, "exchange", exchange, "routing_key", key,
+			"key_hash", it.ev.KeyHash, "err", redact.Error(err))
+		it.ev.Outcome, it.ev.Err = OutcomeCopyFailed, fmt.Errorf("%s to %q/%q: %w", spanName, exchange, key, err)
+		if !errors.Is(err, confirm.ErrClosed) {
+			select {
+			case <-s.stop:
+			case <-time.After(copyFailedPause):
+			}
+		}
+		s.nack(d)
+		return false
+	}
+	span.End()
+	c.ack(s, it)
+	if tooLarge {
+		c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", ReasonHeadersTooLarge)))
+		c.log.Warn("dead-lettered", "reason", ReasonHeadersTooLarge, "key_hash", it.ev.KeyHash, "err", msg.Headers[HeaderError])
+		return false
+	}
+	return true
+}
+
+// ack settles the delivery once its outcome is durable: at once, or through
+// the session's ack window, which coalesces acks into multiple-acks.
+func (c *Consumer) ack(s *session, it *item) {
+	if s.acks != nil {
+		s.acks.ready(it.d.DeliveryTag)
+		return
+	}
+	if err := it.d.Ack(false); err != nil {
+		// The channel is gone: the broker redelivers, and the key makes the
+		// redelivery harmless.
+		c.log.Warn("ack failed; the message will be redelivered", "key_hash", it.ev.KeyHash, "err", redact.Error(err))
+	}
+}
+
+// reply sends the stored response to reply_to, when the message asks for one.
+// Best effort: a lost reply is recovered by resending the request, which
+// gets the stored response again.
+func (c *Consumer) reply(s *session, it *item, r *dedup.Result) error {
+	d := it.d
+	if d.ReplyTo == "" || r == nil || c.cfg.NoReply {
+		return nil
+	}
+	msg := amqp.Publishing{
+		CorrelationId: d.CorrelationId,
+		MessageId:     d.MessageId,
+		DeliveryMode:  amqp.Persistent,
+		Body:          r.Response,
+		Headers:       amqp.Table{header.Outcome: string(r.Outcome), header.ResponseCode: int32(r.Code)},
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.PublishTimeout)
+	defer cancel()
+	if err := s.pub.PublishWait(sctx, "", d.ReplyTo, msg); err != nil {
+		c.metrics.repliesFailed.Add(it.ctx, 1, c.metrics.with())
+		c.log.Warn("reply not delivered; the requester gets the stored result again if it resends", "err", redact.Error(err))
+		return fmt.Errorf("reply to %s: %w", d.ReplyTo, err)
+	}
+	return nil
+}
