@@ -36,12 +36,6 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 	@bash deploy/jaeger/build.sh >/dev/null
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) ./...
-	@# The consumer's tests again in the other modes: one transaction per
-	@# message, optimistic group commit, and batch handlers.
-	for mode in single optimistic batch; do \
-		echo "consumer tests in $$mode mode"; \
-		IDEMQ_TEST_CONSUMER_MODE=$$mode $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./consumer/; \
-	done
 	@# Every fuzz target for a bounded time (their seed corpora ran above).
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 

@@ -29,33 +29,35 @@ func TestBlackHoledPostgres(t *testing.T) {
 		// The group's key completion (dedup.CompleteBatch), sent as text.
 		complete: []byte("SET state = 'completed', outcome = c.outcome"),
 	}
-	cases := []struct{ mode, call string }{
+	cases := []struct {
+		mode mode
+		call string
+	}{
 		{"single", commit},
 		{"group", begin}, {"group", "savepoint"}, {"group", commit},
 		{"optimistic", begin}, {"optimistic", complete}, {"optimistic", commit},
 		{"batch", begin}, {"batch", complete}, {"batch", commit},
 	}
 	for _, tc := range cases {
-		t.Run(tc.mode+"/"+tc.call, func(t *testing.T) {
+		t.Run(string(tc.mode)+"/"+tc.call, func(t *testing.T) {
 			t.Parallel()
 			testBlackHoled(t, tc.mode, triggers[tc.call])
 		})
 	}
 }
 
-func testBlackHoled(t *testing.T, mode string, trigger []byte) {
+func testBlackHoled(t *testing.T, m mode, trigger []byte) {
 	const n = 4
-	h := newHarness(t, func(c *consumer.Config) {
+	h := newHarness(t, m, func(c *consumer.Config) {
 		c.Concurrency = 1
-		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, mode == "optimistic", time.Second
-		if mode == "single" {
+		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, m == modeOptimistic, time.Second
+		if m == modeSingle {
 			c.GroupSize = 1
 		}
 		c.StoreTimeout, c.HandlerTimeout = time.Second, 2*time.Second
 		c.Lease = 2 * time.Second
 		c.MaxAttempts = 10 // retries while the database is away must not dead-letter
 	})
-	h.mode = mode
 	proxy := testdb.NewProxy(t)
 	store, err := dedup.NewStore(proxy.Pool(t, 8), &dedup.Config{Schema: h.schema})
 	if err != nil {

@@ -27,7 +27,7 @@ import (
 // call runs the handler of one item in tx and maps its return to the result
 // to store (nil error) or the failure.
 func (c *Consumer) call(it *item, tx pgx.Tx) (dedup.Result, error) {
-	ctx, cancel := context.WithTimeoutCause(it.hctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	ctx, cancel := context.WithTimeoutCause(it.hctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
@@ -53,7 +53,7 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, tx pgx.Tx) ([]d
 		stop := context.AfterFunc(it.hctx, func() { lost(context.Cause(it.hctx)) })
 		defer stop()
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, errHandlerTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq batch handler", groupLinks(items))
 	defer span.End()

@@ -85,71 +85,77 @@ func copyFailures(evs []consumer.Event, target error) int {
 // (SkipDeclare, other delays): the retry copy is unroutable, so the message
 // goes back to the work queue instead of being acked into nowhere.
 func TestMissingRetryTierKeepsTheMessage(t *testing.T) {
-	h := newHarness(t, nil)
-	h.cfg.SkipDeclare = true
-	h.cfg.RetryInitial = 7 * time.Second // tier Q.retry.7s was never declared
-	h.cfg.MaxAttempts = 5
-	stop := h.start(1, alwaysFails)
-	h.publish("k-1", `{"n":1}`, nil)
-	evs := h.waitEvents(30*time.Second, "two unroutable retry copies", func(evs []consumer.Event) bool {
-		return copyFailures(evs, consumer.ErrUnroutable) >= 2
-	})
-	for _, e := range evs {
-		if e.Outcome == consumer.OutcomeRetried {
-			t.Errorf("reported retried although the tier does not exist: %+v", e)
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		h.cfg.SkipDeclare = true
+		h.cfg.RetryInitial = 7 * time.Second // tier Q.retry.7s was never declared
+		h.cfg.MaxAttempts = 5
+		stop := h.start(1, alwaysFails)
+		h.publish("k-1", `{"n":1}`, nil)
+		evs := h.waitEvents(30*time.Second, "two unroutable retry copies", func(evs []consumer.Event) bool {
+			return copyFailures(evs, consumer.ErrUnroutable) >= 2
+		})
+		for _, e := range evs {
+			if e.Outcome == consumer.OutcomeRetried {
+				t.Errorf("reported retried although the tier does not exist: %+v", e)
+			}
 		}
-	}
-	stop()
-	h.queueHolds(h.cfg.Queue, 1, 10*time.Second)
+		stop()
+		h.queueHolds(h.cfg.Queue, 1, 10*time.Second)
+	})
 }
 
 // The DLQ deleted while the consumer runs: dead letters wait in the work
 // queue, and reach the DLQ with their reason once it is back.
 func TestDLQDeletedWhileRunningKeepsTheMessage(t *testing.T) {
-	h := newHarness(t, nil)
-	stop := h.start(1, h.ledgerEffect)
-	h.waitConsumers(1, 30*time.Second)
-	ch, err := h.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDelete(h.cfg.Queue+".dlq", false, false, false); err != nil {
-		t.Fatalf("delete DLQ: %v", err)
-	}
-	_ = ch.Close()
-	h.publish("", `{"no":"key"}`, nil) // idempotency_key_required
-	h.waitEvents(30*time.Second, "an unroutable dead-letter copy", func(evs []consumer.Event) bool {
-		return copyFailures(evs, consumer.ErrUnroutable) >= 1
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		stop := h.start(1, h.ledgerEffect)
+		h.waitConsumers(1, 30*time.Second)
+		ch, err := h.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDelete(h.cfg.Queue+".dlq", false, false, false); err != nil {
+			t.Fatalf("delete DLQ: %v", err)
+		}
+		_ = ch.Close()
+		h.publish("", `{"no":"key"}`, nil) // idempotency_key_required
+		h.waitEvents(30*time.Second, "an unroutable dead-letter copy", func(evs []consumer.Event) bool {
+			return copyFailures(evs, consumer.ErrUnroutable) >= 1
+		})
+		if err := consumer.Apply(&h.cfg); err != nil {
+			t.Fatalf("re-apply topology: %v", err)
+		}
+		got := h.waitDLQ(1, 30*time.Second)
+		if r := header(got[0], consumer.HeaderReason); r != consumer.ReasonKeyRequired {
+			t.Errorf("dead letter reason %q, want %q", r, consumer.ReasonKeyRequired)
+		}
+		stop()
+		h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
 	})
-	if err := consumer.Apply(&h.cfg); err != nil {
-		t.Fatalf("re-apply topology: %v", err)
-	}
-	got := h.waitDLQ(1, 30*time.Second)
-	if r := header(got[0], consumer.HeaderReason); r != consumer.ReasonKeyRequired {
-		t.Errorf("dead letter reason %q, want %q", r, consumer.ReasonKeyRequired)
-	}
-	stop()
-	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
 }
 
 // A reply_to queue that does not exist: the effect commits once, the
 // message is settled, and the failed reply is reported, not claimed sent.
 func TestMissingReplyQueueIsReported(t *testing.T) {
-	h := newHarness(t, nil)
-	stop := h.start(1, h.ledgerEffect)
-	testPublish(t, h, amqp.Publishing{MessageId: "k-reply", Body: []byte(`{}`), ReplyTo: "no-such-reply-queue-" + h.cfg.Queue})
-	evs := h.waitEvents(30*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
-	if evs[0].Outcome != consumer.OutcomeProcessed {
-		t.Fatalf("outcome %s, want processed", evs[0].Outcome)
-	}
-	if !errors.Is(evs[0].ReplyErr, consumer.ErrUnroutable) {
-		t.Errorf("ReplyErr = %v, want ErrUnroutable", evs[0].ReplyErr)
-	}
-	if n := h.effects()["k-reply"]; n != 1 {
-		t.Errorf("%d effects, want 1", n)
-	}
-	stop()
-	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		stop := h.start(1, h.ledgerEffect)
+		testPublish(t, h, amqp.Publishing{MessageId: "k-reply", Body: []byte(`{}`), ReplyTo: "no-such-reply-queue-" + h.cfg.Queue})
+		evs := h.waitEvents(30*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
+		if evs[0].Outcome != consumer.OutcomeProcessed {
+			t.Fatalf("outcome %s, want processed", evs[0].Outcome)
+		}
+		if !errors.Is(evs[0].ReplyErr, consumer.ErrUnroutable) {
+			t.Errorf("ReplyErr = %v, want ErrUnroutable", evs[0].ReplyErr)
+		}
+		if n := h.effects()["k-reply"]; n != 1 {
+			t.Errorf("%d effects, want 1", n)
+		}
+		stop()
+		h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+	})
 }
 
 func testPublish(t *testing.T, h *harness, msg amqp.Publishing) {
@@ -192,46 +198,50 @@ func channelKills(evs []consumer.Event) int { return copyFailures(evs, consumer.
 // trimmed (first-seen, original exchange and routing key, trace context
 // dropped) instead of killing the connection, and it is processed once.
 func TestRetryCopyNearFrameMaxIsTrimmed(t *testing.T) {
-	h := newHarness(t, nil)
-	stop := h.start(1, h.failsOnce)
-	testPublish(t, h, paddedPublishing(t, "k-near", h.conn.Config.FrameSize-consumer.DeathReserve(&h.cfg)-200))
-	evs := h.waitEvents(60*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
-	if n := channelKills(evs); n != 0 {
-		t.Errorf("%d copies were lost with their channel", n)
-	}
-	if got := countOutcomes(evs); got[consumer.OutcomeProcessed] != 1 || got[consumer.OutcomeRetried] != 1 {
-		t.Errorf("outcomes %v, want one retry then processed", got)
-	}
-	if n := h.effects()["k-near"]; n != 1 {
-		t.Errorf("%d effects, want 1", n)
-	}
-	stop()
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		stop := h.start(1, h.failsOnce)
+		testPublish(t, h, paddedPublishing(t, "k-near", h.conn.Config.FrameSize-consumer.DeathReserve(&h.cfg)-200))
+		evs := h.waitEvents(60*time.Second, "processed", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
+		if n := channelKills(evs); n != 0 {
+			t.Errorf("%d copies were lost with their channel", n)
+		}
+		if got := countOutcomes(evs); got[consumer.OutcomeProcessed] != 1 || got[consumer.OutcomeRetried] != 1 {
+			t.Errorf("outcomes %v, want one retry then processed", got)
+		}
+		if n := h.effects()["k-near"]; n != 1 {
+			t.Errorf("%d effects, want 1", n)
+		}
+		stop()
+	})
 }
 
 // A message whose headers fill the frame: no copy of it can carry them, so
 // it is dead-lettered headers_too_large with its body, the largest headers
 // dropped and named, and the connection never dies over it.
 func TestCopyThatCannotFitIsDeadLetteredHeadersTooLarge(t *testing.T) {
-	h := newHarness(t, nil)
-	stop := h.start(1, alwaysFails)
-	testPublish(t, h, paddedPublishing(t, "k-full", h.conn.Config.FrameSize))
-	got := h.waitDLQ(1, 60*time.Second)
-	stop()
-	d := got[0]
-	if r := header(d, consumer.HeaderReason); r != consumer.ReasonHeadersTooLarge {
-		t.Errorf("reason %q, want %q", r, consumer.ReasonHeadersTooLarge)
-	}
-	if e := header(d, consumer.HeaderError); !strings.Contains(e, "dropped: pad") {
-		t.Errorf("error header %q does not name the dropped header", e)
-	}
-	if string(d.Body) != `{"big":"headers"}` || d.MessageId != "k-full" {
-		t.Errorf("dead letter body %q message_id %q: not the original", d.Body, d.MessageId)
-	}
-	h.mu.Lock()
-	evs := append([]consumer.Event(nil), h.events...)
-	h.mu.Unlock()
-	if n := channelKills(evs); n != 0 {
-		t.Errorf("%d copies were lost with their channel", n)
-	}
-	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		stop := h.start(1, alwaysFails)
+		testPublish(t, h, paddedPublishing(t, "k-full", h.conn.Config.FrameSize))
+		got := h.waitDLQ(1, 60*time.Second)
+		stop()
+		d := got[0]
+		if r := header(d, consumer.HeaderReason); r != consumer.ReasonHeadersTooLarge {
+			t.Errorf("reason %q, want %q", r, consumer.ReasonHeadersTooLarge)
+		}
+		if e := header(d, consumer.HeaderError); !strings.Contains(e, "dropped: pad") {
+			t.Errorf("error header %q does not name the dropped header", e)
+		}
+		if string(d.Body) != `{"big":"headers"}` || d.MessageId != "k-full" {
+			t.Errorf("dead letter body %q message_id %q: not the original", d.Body, d.MessageId)
+		}
+		h.mu.Lock()
+		evs := append([]consumer.Event(nil), h.events...)
+		h.mu.Unlock()
+		if n := channelKills(evs); n != 0 {
+			t.Errorf("%d copies were lost with their channel", n)
+		}
+		h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+	})
 }

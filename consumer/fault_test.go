@@ -14,18 +14,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"go.uber.org/goleak"
+
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
-// TestMain doubles as a worker process for TestWorkerKilledMidHandler.
+// TestMain doubles as a worker process for TestWorkerKilledMidHandler, and
+// fails the package if a test leaves a goroutine running.
 func TestMain(m *testing.M) {
 	if os.Getenv("IDEMQ_TEST_WORKER_QUEUE") != "" {
 		os.Exit(runBlockingWorker())
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // runBlockingWorker consumes IDEMQ_TEST_WORKER_QUEUE; its handler writes the
@@ -65,52 +68,53 @@ func runBlockingWorker() int {
 }
 
 func TestWorkerKilledMidHandler(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, func(c *consumer.Config) { c.Lease = 2 * time.Second })
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "IDEMQ_TEST_WORKER_QUEUE="+h.cfg.Queue, "IDEMQ_TEST_WORKER_SCHEMA="+h.schema)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	inHandler := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "IN-HANDLER") {
-				close(inHandler)
-				return
-			}
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, func(c *consumer.Config) { c.Lease = 2 * time.Second })
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "IDEMQ_TEST_WORKER_QUEUE="+h.cfg.Queue, "IDEMQ_TEST_WORKER_SCHEMA="+h.schema)
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	h.publish("killed-1", `{"amount":5}`, nil)
-	select {
-	case <-inHandler:
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker never entered its handler")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		inHandler := make(chan struct{})
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), "IN-HANDLER") {
+					close(inHandler)
+					return
+				}
+			}
+		}()
+		h.publish("killed-1", `{"amount":5}`, nil)
+		select {
+		case <-inHandler:
+		case <-time.After(30 * time.Second):
+			t.Fatal("worker never entered its handler")
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
 
-	// Another worker gets the redelivery, waits out the dead lease, takes over.
-	h.start(1, h.ledgerEffect)
-	h.waitEvents(30*time.Second, "processing after takeover", func(evs []consumer.Event) bool {
-		return countOutcomes(evs)[consumer.OutcomeProcessed] == 1
+		// Another worker gets the redelivery, waits out the dead lease, takes over.
+		h.start(1, h.ledgerEffect)
+		h.waitEvents(30*time.Second, "processing after takeover", func(evs []consumer.Event) bool {
+			return countOutcomes(evs)[consumer.OutcomeProcessed] == 1
+		})
+		if eff := h.effects(); eff["killed-1"] != 1 {
+			t.Fatalf("effects %v, want exactly one", eff)
+		}
+		rec, err := h.store.Inspect(context.Background(), "payments", "", "killed-1")
+		if err != nil || rec.Attempts != 2 || rec.State != dedup.StateCompleted {
+			t.Fatalf("key %+v %v; want completed on the 2nd reservation", rec, err)
+		}
 	})
-	if eff := h.effects(); eff["killed-1"] != 1 {
-		t.Fatalf("effects %v, want exactly one", eff)
-	}
-	rec, err := h.store.Inspect(context.Background(), "payments", "", "killed-1")
-	if err != nil || rec.Attempts != 2 || rec.State != dedup.StateCompleted {
-		t.Fatalf("key %+v %v; want completed on the 2nd reservation", rec, err)
-	}
 }
 
 // publishMany publishes n messages, key i%unique, with confirms in batches.
@@ -187,51 +191,53 @@ func (h *harness) queuesEmpty() bool {
 }
 
 func TestConnectionClosedUnderLoad(t *testing.T) {
-	t.Parallel()
-	const total, unique = 5000, 4000 // 20% duplicates
-	h := newHarness(t, func(c *consumer.Config) { c.Concurrency = 8; c.RetryInitial = 100 * time.Millisecond })
-	h.publishMany(total, unique, "load")
-	h.start(2, h.ledgerEffect)
-	for _, at := range []int{800, 2500} {
-		h.waitEvents(60*time.Second, fmt.Sprintf("%d deliveries", at), func(evs []consumer.Event) bool { return finals(evs) >= at })
-		if n := testamqp.CloseConnections(t, h.cfg.ConnectionName); n == 0 {
-			t.Fatal("no consumer connection found to close")
+	forEachMode(t, func(t *testing.T, m mode) {
+		const total, unique = 5000, 4000 // 20% duplicates
+		h := newHarness(t, m, func(c *consumer.Config) { c.Concurrency = 8; c.RetryInitial = 100 * time.Millisecond })
+		h.publishMany(total, unique, "load")
+		h.start(2, h.ledgerEffect)
+		for _, at := range []int{800, 2500} {
+			h.waitEvents(60*time.Second, fmt.Sprintf("%d deliveries", at), func(evs []consumer.Event) bool { return finals(evs) >= at })
+			if n := testamqp.CloseConnections(t, h.cfg.ConnectionName); n == 0 {
+				t.Fatal("no consumer connection found to close")
+			}
 		}
-	}
-	h.waitAllApplied(unique, "load", 120*time.Second)
-	var inProgress int
-	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+h.schema+".keys WHERE state = 'in_progress'").Scan(&inProgress); err != nil {
-		t.Fatal(err)
-	}
-	if inProgress != 0 {
-		t.Fatalf("%d keys left in progress", inProgress)
-	}
+		h.waitAllApplied(unique, "load", 120*time.Second)
+		var inProgress int
+		if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+h.schema+".keys WHERE state = 'in_progress'").Scan(&inProgress); err != nil {
+			t.Fatal(err)
+		}
+		if inProgress != 0 {
+			t.Fatalf("%d keys left in progress", inProgress)
+		}
+	})
 }
 
 func TestGracefulShutdownUnderLoad(t *testing.T) {
-	t.Parallel()
-	const total = 3000
-	h := newHarness(t, func(c *consumer.Config) { c.Concurrency = 8 })
-	h.publishMany(total, total, "drain")
-	slow := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		time.Sleep(2 * time.Millisecond) // a handler that takes a moment
-		return h.ledgerEffect(ctx, tx, d)
-	}
-	stop := h.start(2, slow)
-	h.waitEvents(60*time.Second, "some deliveries", func(evs []consumer.Event) bool { return finals(evs) >= 100 })
-	stop() // returns once Run has drained and closed
-	var inProgress int
-	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+h.schema+".keys WHERE state = 'in_progress'").Scan(&inProgress); err != nil {
-		t.Fatal(err)
-	}
-	if inProgress != 0 {
-		t.Fatalf("graceful stop left %d keys in progress", inProgress)
-	}
-	if n := len(h.effects()); n >= total {
-		t.Fatalf("all %d processed before the stop; the test stopped nothing", n)
-	}
-	h.start(1, slow)
-	h.waitAllApplied(total, "drain", 120*time.Second)
+	forEachMode(t, func(t *testing.T, m mode) {
+		const total = 3000
+		h := newHarness(t, m, func(c *consumer.Config) { c.Concurrency = 8 })
+		h.publishMany(total, total, "drain")
+		slow := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			time.Sleep(2 * time.Millisecond) // a handler that takes a moment
+			return h.ledgerEffect(ctx, tx, d)
+		}
+		stop := h.start(2, slow)
+		h.waitEvents(60*time.Second, "some deliveries", func(evs []consumer.Event) bool { return finals(evs) >= 100 })
+		stop() // returns once Run has drained and closed
+		var inProgress int
+		if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+h.schema+".keys WHERE state = 'in_progress'").Scan(&inProgress); err != nil {
+			t.Fatal(err)
+		}
+		if inProgress != 0 {
+			t.Fatalf("graceful stop left %d keys in progress", inProgress)
+		}
+		if n := len(h.effects()); n >= total {
+			t.Fatalf("all %d processed before the stop; the test stopped nothing", n)
+		}
+		h.start(1, slow)
+		h.waitAllApplied(total, "drain", 120*time.Second)
+	})
 }
 
 func pgxPool(ctx context.Context) (*pgxPoolT, error) { return pgxNew(ctx, testdb.URL()) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -30,8 +29,8 @@ type harness struct {
 	cfg    consumer.Config
 	conn   *amqp.Connection
 	pub    *amqp.Channel
-	// mode is the consumer mode start runs (see testMode).
-	mode string
+	// mode is the consumer mode start runs.
+	mode mode
 
 	mu     sync.Mutex
 	events []consumer.Event
@@ -39,7 +38,7 @@ type harness struct {
 }
 
 // newHarness prepares the queue and schema; mod adjusts the consumer config.
-func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
+func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 	t.Helper()
 	pool := testdb.Pool(t, 40)
 	schema := testdb.Schema(t, pool)
@@ -54,7 +53,7 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1), mode: testMode()}
+	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1), mode: m}
 	queue := testamqp.Name(t, "q")
 	h.cfg = consumer.Config{
 		URL:             testamqp.URL(),
@@ -68,10 +67,10 @@ func newHarness(t testing.TB, mod func(*consumer.Config)) *harness {
 		ConnectionName:  "idemq-test-" + queue,
 		OnOutcome:       h.record,
 	}
-	switch testMode() {
-	case "single":
+	switch m {
+	case modeSingle:
 		h.cfg.GroupSize = 1
-	case "optimistic":
+	case modeOptimistic:
 		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
 	}
 	if mod != nil {
@@ -110,7 +109,7 @@ func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
 	for range n {
 		var c *consumer.Consumer
 		var err error
-		if h.mode == "batch" {
+		if h.mode == modeBatch {
 			c, err = consumer.NewBatch(h.store, asBatch(handler), &h.cfg)
 		} else {
 			c, err = consumer.New(h.store, handler, &h.cfg)
@@ -274,16 +273,31 @@ type pgxPoolT = pgxpool.Pool
 
 var pgxNew = pgxpool.New
 
-// testMode is the consumer mode the tests run in: "group" (the default:
-// group commit with a savepoint per handler), "single" (one transaction per
-// message), "optimistic" (group commit without a savepoint per handler) or
-// "batch" (a BatchHandler), from
-// IDEMQ_TEST_CONSUMER_MODE. `make test` runs the package in every mode.
-func testMode() string {
-	if m := os.Getenv("IDEMQ_TEST_CONSUMER_MODE"); m != "" {
-		return m
+// mode is a consumer mode the tests run in: every test that runs a
+// consumer runs in each (forEachMode).
+type mode string
+
+const (
+	// modeGroup: group commit with a savepoint per handler (the default).
+	modeGroup mode = "group"
+	// modeSingle: one transaction per message (GroupSize 1).
+	modeSingle mode = "single"
+	// modeOptimistic: group commit without a savepoint per handler.
+	modeOptimistic mode = "optimistic"
+	// modeBatch: a BatchHandler.
+	modeBatch mode = "batch"
+)
+
+var modes = []mode{modeGroup, modeSingle, modeOptimistic, modeBatch}
+
+// forEachMode runs test once per consumer mode, as parallel subtests.
+func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {
+	for _, m := range modes {
+		t.Run(string(m), func(t *testing.T) {
+			t.Parallel()
+			test(t, m)
+		})
 	}
-	return "group"
 }
 
 // asBatch turns a per-message handler into a batch handler over the same

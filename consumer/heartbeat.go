@@ -10,10 +10,13 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-var (
-	errHandlerTimeout  = errors.New("handler timeout")
-	errLeaseLostByBeat = fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost)
-)
+// ErrHandlerTimeout is the cause of a handler's context that ended at
+// HandlerTimeout; the delivery's Event.Err wraps it.
+var ErrHandlerTimeout = errors.New("handler timeout")
+
+// errLeaseLostByBeat is the cause of a handler's context that ended because
+// the heartbeat found its lease lost; it wraps dedup.ErrLeaseLost.
+var errLeaseLostByBeat = fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost)
 
 // heartbeat extends the items' leases with one statement every lease/3
 // until stopped, and cancels exactly the items whose lease was lost (their

@@ -1,0 +1,149 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+)
+
+// The guarantees of the one pipeline, held in every mode.
+
+// A handler cannot commit or roll back the transaction it is given, alone
+// or in a group: its effects commit with its key, once. (The per-message
+// path used to hand out the raw transaction: a handler's Commit committed
+// its effects, the key's completion then failed, and the retry ran the
+// handler again.)
+func TestHandlerCannotCommitOrRollBack(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		var mu sync.Mutex
+		var refused, allowed int
+		handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			resp, err := h.ledgerEffect(ctx, tx, d)
+			if err != nil {
+				return resp, err
+			}
+			for _, end := range []func(context.Context) error{tx.Commit, tx.Rollback} {
+				mu.Lock()
+				if err := end(ctx); errors.Is(err, consumer.ErrHandlerTx) {
+					refused++
+				} else {
+					allowed++
+				}
+				mu.Unlock()
+			}
+			return resp, nil
+		}
+		const n = 6
+		for i := range n {
+			h.publish(keyOf(i, "commit"), `{}`, nil) // waiting before the start: groups form
+		}
+		stop := h.start(1, handler)
+		h.waitEvents(30*time.Second, "every message processed", func(evs []consumer.Event) bool { return finals(evs) >= n })
+		stop()
+		if allowed != 0 {
+			t.Errorf("%d Commit/Rollback calls of a handler were allowed", allowed)
+		}
+		for k, v := range h.effects() {
+			if v != 1 {
+				t.Errorf("key %s has %d effects, want 1", k, v)
+			}
+		}
+		if got := len(h.effects()); got != n {
+			t.Errorf("%d keys with effects, want %d", got, n)
+		}
+	})
+}
+
+// A lease lost under a running handler (another worker took the key over)
+// cancels that handler's context with dedup.ErrLeaseLost as the cause, and
+// only that one: its group-mate commits.
+func TestLostLeaseCancelsOnlyThatHandler(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, func(c *consumer.Config) {
+			c.Lease = 1500 * time.Millisecond
+			c.Concurrency = 1
+			c.GroupLinger = 200 * time.Millisecond
+		})
+		started := make(chan struct{}, 1)
+		causes := make(chan error, 4)
+		handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			if d.Key != "stolen" {
+				return h.ledgerEffect(ctx, tx, d)
+			}
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select {
+			case <-ctx.Done():
+				causes <- context.Cause(ctx)
+				return consumer.Response{}, ctx.Err()
+			case <-time.After(20 * time.Second):
+				causes <- errors.New("never cancelled")
+				return consumer.Response{}, errors.New("never cancelled")
+			}
+		}
+		h.publish("other", `{}`, nil)
+		h.publish("stolen", `{}`, nil)
+		stop := h.start(1, handler)
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the handler of the stolen key never ran")
+		}
+		// Another worker takes the key over: a new lease token.
+		if _, err := h.pool.Exec(context.Background(),
+			"UPDATE "+h.schema+".keys SET lease_token = gen_random_uuid() WHERE key = 'stolen'"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case cause := <-causes:
+			if !errors.Is(cause, dedup.ErrLeaseLost) {
+				t.Fatalf("handler context ended with %v, want ErrLeaseLost", cause)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the handler was not cancelled")
+		}
+		evs := h.waitEvents(30*time.Second, "lease_lost and processed", func(evs []consumer.Event) bool {
+			c := countOutcomes(evs)
+			return c[consumer.OutcomeLeaseLost] >= 1 && c[consumer.OutcomeProcessed] >= 1
+		})
+		stop()
+		if got := h.effects(); got["other"] != 1 || got["stolen"] != 0 {
+			t.Errorf("effects %v, want other once and stolen never", got)
+		}
+		_ = evs
+	})
+}
+
+// HandlerTimeout bounds every call of user code, in every mode.
+func TestHandlerTimeoutHolds(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, func(c *consumer.Config) { c.HandlerTimeout = 300 * time.Millisecond })
+		handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			<-ctx.Done()
+			return consumer.Response{}, ctx.Err()
+		}
+		h.publish("slow", `{}`, nil)
+		t0 := time.Now()
+		stop := h.start(1, handler)
+		evs := h.waitEvents(30*time.Second, "a retry", func(evs []consumer.Event) bool {
+			return countOutcomes(evs)[consumer.OutcomeRetried] >= 1
+		})
+		stop()
+		if d := time.Since(t0); d > 10*time.Second {
+			t.Errorf("first retry after %s with a 300ms handler timeout", d)
+		}
+		if !errors.Is(evs[0].Err, consumer.ErrHandlerTimeout) {
+			t.Errorf("Err = %v, want ErrHandlerTimeout", evs[0].Err)
+		}
+	})
+}
