@@ -75,6 +75,18 @@ type Config struct {
 	// transactional writes count once): use it only for handlers whose
 	// effects all go through the transaction.
 	GroupOptimistic bool
+	// BatchReserveInTx makes a batch consumer (NewBatch) reserve a group's
+	// keys inside the group's own transaction: reservations, effects and
+	// completions commit with one COMMIT instead of two. The guarantees
+	// hold (no double effect, no lost message), but the protocol others see
+	// changes: a reservation is invisible until the commit, so a copy of a
+	// key being processed elsewhere waits for that commit (and is then a
+	// duplicate) instead of finding it busy, for at most StoreTimeout; no
+	// lease is extended (the row lock is the lease, and a worker that dies
+	// takes its reservations with it); Delivery.Step returns
+	// ErrStepInBatch. A batch that fails, or a group of one, runs the usual
+	// way. Off by default.
+	BatchReserveInTx bool
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries
 	// up to the lowest one still in flight, and an ack held above a slow

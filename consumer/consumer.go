@@ -38,7 +38,10 @@ type Consumer struct {
 	// batchHandler replaces handler in batch mode.
 	batchHandler BatchHandler
 	// strategy runs a group's handlers (isolated, optimistic or batch).
-	strategy     strategy
+	strategy strategy
+	// claimInTx: a batch consumer reserves its groups\' keys inside the
+	// group\'s transaction (see runInTx).
+	claimInTx    bool
 	cfg          Config
 	topo         Topology
 	deathReserve int // see deathReserve
@@ -119,6 +122,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()
+	cons.claimInTx = bh != nil && c.BatchReserveInTx
 	return cons, nil
 }
 

@@ -69,6 +69,9 @@ type Delivery struct {
 
 	lease *dedup.Lease
 	store *dedup.Store
+	// claimInTx: the key is reserved in the batch's transaction (Step is
+	// not available).
+	claimInTx bool
 }
 
 // RecoveryPoint is the last step committed by an earlier attempt ("" if none).
@@ -84,9 +87,21 @@ func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
 // recovery point name; a retry skips it once committed. See dedup.Store.Step.
 // Messages the step enqueues to the outbox get ids derived from the step,
 // so a retry that skips committed steps cannot reuse them.
+//
+// With Config.BatchReserveInTx a batch's keys are reserved inside the
+// batch's own transaction, so a step, which commits on its own, cannot see
+// the key: Step then returns ErrStepInBatch.
 func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if d.claimInTx {
+		return ErrStepInBatch
+	}
 	return d.store.Step(outbox.WithStep(ctx, name), d.lease, name, fn)
 }
+
+// ErrStepInBatch is what Delivery.Step returns to a BatchHandler with
+// Config.BatchReserveInTx: its deliveries' keys are reserved in the batch's
+// own transaction, which a step's transaction cannot see.
+var ErrStepInBatch = errors.New("step: a batch handler's keys are reserved in the batch's transaction; use a per-message handler for steps")
 
 // DerivedKey returns a deterministic key for one step of this operation, to
 // pass to an external API (a payment gateway) whose own deduplication then

@@ -147,8 +147,10 @@ func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Deli
 		seen[k] = true
 		claimable = append(claimable, it)
 	}
-	if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
-		c.execute(ctx, s, acquired)
+	if !c.claimInTx || !c.runInTx(ctx, s, claimable) {
+		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
+			c.execute(ctx, s, acquired)
+		}
 	}
 	s.flush()
 	for _, it := range items {

@@ -147,3 +147,54 @@ func TestHandlerTimeoutHolds(t *testing.T) {
 		}
 	})
 }
+
+// A batch consumer that reserves its keys in the group's transaction: two
+// consumers, duplicates and a burst of copies of one key, a poison message
+// in the middle of a batch. Every key has one effect, the poison goes to
+// the DLQ alone, nothing is left in the queue.
+func TestBatchReserveInTx(t *testing.T) {
+	h := newHarness(t, modeBatch, func(c *consumer.Config) {
+		c.BatchReserveInTx = true
+		c.GroupSize, c.GroupLinger = 20, 20*time.Millisecond
+	})
+	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		if d.Key == "poison" {
+			return consumer.Response{}, consumer.Permanent(errors.New("poison"))
+		}
+		return h.ledgerEffect(ctx, tx, d)
+	}
+	const unique = 60
+	published := 0
+	for i := range unique {
+		h.publish(keyOf(i, "tx"), `{}`, nil)
+		published++
+		if i%5 == 0 { // a duplicate of an earlier key
+			h.publish(keyOf(i/2, "tx"), `{}`, nil)
+			published++
+		}
+		if i == 30 {
+			h.publish("poison", `{}`, nil)
+			published++
+			for range 10 {
+				h.publish("burst", `{}`, nil)
+				published++
+			}
+		}
+	}
+	stop := h.start(2, handler)
+	evs := h.waitEvents(60*time.Second, "every copy settled", func(evs []consumer.Event) bool { return finals(evs) >= published })
+	stop()
+	eff := h.effects()
+	for i := range unique {
+		if n := eff[keyOf(i, "tx")]; n != 1 {
+			t.Errorf("key %s: %d effects, want 1", keyOf(i, "tx"), n)
+		}
+	}
+	if eff["burst"] != 1 || eff["poison"] != 0 {
+		t.Errorf("burst %d effects (want 1), poison %d (want 0)", eff["burst"], eff["poison"])
+	}
+	if c := countOutcomes(evs); c[consumer.OutcomeDeadLettered] != 1 || c[consumer.OutcomeProcessed] != unique+1 {
+		t.Errorf("outcomes %v, want %d processed and 1 dead-lettered", c, unique+1)
+	}
+	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+}

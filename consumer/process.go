@@ -132,7 +132,7 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 // busy, key reuse) and returns false; for an acquired key it prepares the
 // handler's view of the delivery and returns true.
 func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
-	ctx, d := it.ctx, it.d
+	ctx := it.ctx
 	switch res.Decision {
 	case dedup.Duplicate:
 		it.ev.Outcome = OutcomeDuplicate
@@ -153,7 +153,14 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		c.deadLetter(s, it, ReasonKeyReuse, errors.New("key reused with another fingerprint"))
 		return false
 	}
-	it.lease = res.Lease
+	c.acquire(it, res.Lease)
+	return true
+}
+
+// acquire prepares the handler's view of an item whose key it holds.
+func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
+	d := it.d
+	it.lease = lease
 	origExchange, origRoutingKey := origin(d)
 	it.del = &Delivery{
 		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
@@ -162,9 +169,8 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
 		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
-		lease: res.Lease, store: c.store,
+		lease: lease, store: c.store, claimInTx: c.claimInTx,
 	}
-	return true
 }
 
 // markDuplicate links the duplicate's span to the processing it duplicated.

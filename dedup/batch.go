@@ -31,6 +31,22 @@ type scopedKey struct{ consumer, tenant, key string }
 // every execution: a cached generic plan made while the table was small can
 // be a sequential scan that stays as the table grows.
 func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation, error) {
+	return s.reserveBatch(ctx, s.pool, claims)
+}
+
+// ReserveBatchTx is ReserveBatch inside the caller's transaction, so that a
+// group's reservations, its effects and its keys' completion commit with
+// one COMMIT. Until tx ends, the reserved rows are visible to no one else,
+// and their row locks make any other reservation of those keys wait for
+// tx's end: it then finds them completed (a duplicate) or absent (tx rolled
+// back). No lease needs extending meanwhile: the lock is the lease, and a
+// worker that dies takes its reservations with it. A Step, which commits
+// in a transaction of its own, cannot see such a reservation.
+func (s *Store) ReserveBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Reservation, error) {
+	return s.reserveBatch(ctx, tx, claims)
+}
+
+func (s *Store) reserveBatch(ctx context.Context, q querier, claims []Claim) ([]Reservation, error) {
 	out := make([]Reservation, len(claims))
 	if len(claims) == 0 {
 		return out, nil
@@ -49,7 +65,7 @@ func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation
 	for i, j := range order {
 		sorted[i] = claims[j]
 	}
-	res, err := s.reserveSorted(ctx, sorted)
+	res, err := s.reserveSorted(ctx, q, sorted)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +75,7 @@ func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation
 	return out, nil
 }
 
-func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservation, error) {
+func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([]Reservation, error) {
 	out := make([]Reservation, len(claims))
 	n := len(claims)
 	var (
@@ -95,7 +111,7 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 		}
 		leases[i] = lease.Microseconds()
 	}
-	rows, err := s.pool.Query(ctx, s.sql.reserveBatch,
+	rows, err := q.Query(ctx, s.sql.reserveBatch,
 		consumers, tenants, keys, fps, tokens, leases, traceIDs, spanIDs)
 	if err != nil {
 		return nil, interpretError("reserve keys", err)
@@ -138,7 +154,7 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 	for j, i := range pending {
 		pc[j], pt[j], pk[j] = consumers[i], tenants[i], keys[i]
 	}
-	recs, err := s.inspectBatch(ctx, pc, pt, pk)
+	recs, err := s.inspectBatch(ctx, q, pc, pt, pk)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +162,7 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 		rec, ok := recs[scopedKey{consumers[i], tenants[i], keys[i]}]
 		switch {
 		case !ok, rec.Fingerprint == claims[i].Fingerprint && rec.State == StateInProgress && !rec.LeaseValid:
-			r, err := s.Reserve(ctx, claims[i])
+			r, err := s.reserve(ctx, q, claims[i])
 			if err != nil {
 				return nil, err
 			}
@@ -162,8 +178,8 @@ func (s *Store) reserveSorted(ctx context.Context, claims []Claim) ([]Reservatio
 	return out, nil
 }
 
-func (s *Store) inspectBatch(ctx context.Context, consumers, tenants, keys []string) (map[scopedKey]*Record, error) {
-	rows, err := s.pool.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys)
+func (s *Store) inspectBatch(ctx context.Context, q querier, consumers, tenants, keys []string) (map[scopedKey]*Record, error) {
+	rows, err := q.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys)
 	if err != nil {
 		return nil, interpretError("read keys", err)
 	}

@@ -193,6 +193,18 @@ type Record struct {
 // (Duplicate, Busy, KeyReuse). A row that vanishes between the two (GC) or a
 // lease that expires in between starts a new round, a bounded number of times.
 func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
+	return s.reserve(ctx, s.pool, c)
+}
+
+// ReserveTx is Reserve inside the caller's transaction: the new row (or
+// the takeover) is visible to others only once tx commits, and until then
+// its row lock makes any other reservation of the key wait for tx's end.
+// See ReserveBatchTx.
+func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
+	return s.reserve(ctx, tx, c)
+}
+
+func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, error) {
 	if err := ValidateKey(c.Key); err != nil {
 		return Reservation{}, fmt.Errorf("reserve key: %w", err)
 	}
@@ -211,7 +223,7 @@ func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
 		}
 		l := &Lease{Consumer: c.Consumer, Tenant: c.Tenant, Key: key, Token: token, rawKey: c.Key}
 		var inserted bool
-		err := s.pool.QueryRow(ctx, s.sql.reserve,
+		err := q.QueryRow(ctx, s.sql.reserve,
 			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
 		).Scan(&l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
 		if err == nil {
@@ -221,7 +233,7 @@ func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Reservation{}, interpretError("reserve key", err)
 		}
-		rec, err := s.inspect(ctx, s.pool, c.Consumer, c.Tenant, key)
+		rec, err := s.inspect(ctx, q, c.Consumer, c.Tenant, key)
 		if errors.Is(err, ErrNotFound) {
 			continue // deleted between the statements: reserve again
 		}
@@ -330,8 +342,10 @@ func (s *Store) Inspect(ctx context.Context, consumer, tenant, key string) (*Rec
 	return rec, nil
 }
 
+// querier is what the pool and a transaction share.
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

@@ -1,0 +1,117 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// runInTx is a batch consumer's fast path (Config.BatchReserveInTx): the group's keys are reserved
+// inside the group's own transaction (dedup.ReserveBatchTx), the batch
+// handler runs, the keys are completed, and ONE commit makes the
+// reservations, the effects and the completions durable together. Until
+// then no one else sees the reservations, and any other reservation of
+// those keys waits for the commit (and finds a duplicate) or the rollback
+// (and claims the key); no heartbeat is needed, and a worker that dies
+// takes its reservations with it.
+//
+// Nothing is settled before the commit. If anything fails first (the
+// reservation, the handler, the completion), the transaction rolls back and
+// runInTx returns false, with every item as it was: the caller then claims
+// and runs the group the usual way (a separate reservation, then each
+// delivery alone), where each item's own error decides its outcome.
+func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool {
+	if len(items) < 2 {
+		return false // alone, a failure must not run the handler twice
+	}
+	tx, err := c.beginGroup(ctx)
+	if err != nil {
+		return false
+	}
+	defer c.rollback(ctx, tx)
+	claims := make([]dedup.Claim, len(items))
+	for i, it := range items {
+		claims[i] = it.claim
+	}
+	rctx, cancel := c.storeCtx(ctx)
+	rctx, rspan := c.tracer.Start(rctx, "idemq reserve", groupLinks(items))
+	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", true))
+	t0 := time.Now()
+	res, err := c.store.ReserveBatchTx(rctx, tx, claims)
+	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	rspan.End()
+	cancel()
+	if err != nil {
+		return false
+	}
+	var acquired, others []*item
+	var otherRes []dedup.Reservation
+	for i, it := range items {
+		if res[i].Decision == dedup.Acquired {
+			c.acquire(it, res[i].Lease)
+			acquired = append(acquired, it)
+			continue
+		}
+		others = append(others, it)
+		otherRes = append(otherRes, res[i])
+	}
+	var results []dedup.Result
+	if len(acquired) > 0 {
+		n := int64(len(acquired))
+		c.inFlight.Add(n)
+		c.metrics.inProgress.Add(ctx, n, c.metrics.with())
+		defer func() {
+			c.inFlight.Add(-n)
+			c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
+		}()
+		for _, it := range acquired {
+			it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
+			defer it.hcancel(nil)
+		}
+		t0 := time.Now()
+		results, err = c.callBatch(ctx, acquired, tx)
+		c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+		if err != nil {
+			return false
+		}
+		leases := make([]*dedup.Lease, len(acquired))
+		for i, it := range acquired {
+			leases[i] = it.lease
+		}
+		cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(acquired))
+		lost, err := c.completeBatch(cctx, tx, leases, results)
+		cspan.End()
+		if err != nil || len(lost) > 0 {
+			return false
+		}
+	}
+	cctx, cspan := c.tracer.Start(ctx, "idemq commit", groupLinks(items))
+	err = c.commit(cctx, tx)
+	if err != nil {
+		// The commit's fate is unknown: every acquired item is retried; a
+		// retry finds its key completed (a duplicate) if the commit landed,
+		// absent if it did not.
+		cspan.SetStatus(codes.Error, redact.Error(err))
+	}
+	cspan.End()
+	for i, it := range others {
+		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", otherRes[i].Decision.String())))
+		c.decide(s, it, otherRes[i])
+	}
+	for i, it := range acquired {
+		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", dedup.Acquired.String())))
+		if err != nil {
+			c.settleFailure(s, it, fmt.Errorf("commit: %w", err), false)
+			continue
+		}
+		c.settleSuccess(s, it, &results[i])
+	}
+	return true
+}
