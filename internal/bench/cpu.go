@@ -80,15 +80,50 @@ func (p *cpuProbe) sample() serverCPU {
 	if p == nil {
 		return s
 	}
-	procs := readProcs()
 	listeners := listenerPIDs(p.pgPort, p.mqPort)
 	if pid, ok := listeners[p.pgPort]; ok && p.pgPort != 0 {
-		s.pg, s.pgPID = procs.tree(pid), pid
+		if d, ok := treeCPU(pid); ok {
+			s.pg, s.pgPID = d, pid
+		}
 	}
 	if pid, ok := listeners[p.mqPort]; ok && p.mqPort != 0 {
-		s.mq, s.mqPID = procs.tree(pid), pid
+		if d, ok := treeCPU(pid); ok {
+			s.mq, s.mqPID = d, pid
+		}
 	}
 	return s
+}
+
+// treeCPU reads the CPU time of pid and its descendants consistently: a
+// child reaped while /proc is scanned (read before its parent counts it,
+// gone after) would be lost, so the scan is repeated until the parent
+// reaped no child during it. Right after a consumer exits, its Postgres
+// backends end exactly then.
+func treeCPU(pid int) (time.Duration, bool) {
+	for range 20 {
+		before, ok := readStat(pid)
+		if !ok {
+			return 0, false
+		}
+		procs := readProcs()
+		after, ok := readStat(pid)
+		if !ok {
+			return 0, false
+		}
+		if before.reaped == after.reaped {
+			procs[pid] = after
+			return procs.tree(pid), true
+		}
+	}
+	return 0, false
+}
+
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, false
+	}
+	return parseStat(b)
 }
 
 // sub is the CPU spent between two samples, -1 for a server not seen (or
@@ -105,8 +140,9 @@ func (s serverCPU) sub(before serverCPU) serverCPU {
 }
 
 type procStat struct {
-	ppid  int
-	ticks int64 // utime + stime + cutime + cstime
+	ppid   int
+	own    int64 // utime + stime
+	reaped int64 // cutime + cstime: the children it waited for
 }
 
 type procTable map[int]procStat
@@ -147,15 +183,15 @@ func parseStat(b []byte) (procStat, bool) {
 	if err != nil {
 		return procStat{}, false
 	}
-	var sum int64
-	for _, k := range f[11:15] {
+	var t [4]int64
+	for i, k := range f[11:15] {
 		n, err := strconv.ParseInt(k, 10, 64)
 		if err != nil {
 			return procStat{}, false
 		}
-		sum += n
+		t[i] = n
 	}
-	return procStat{ppid: ppid, ticks: sum}, true
+	return procStat{ppid: ppid, own: t[0] + t[1], reaped: t[2] + t[3]}, true
 }
 
 // tree is the CPU time of pid and of its descendants still alive.
@@ -167,7 +203,7 @@ func (t procTable) tree(pid int) time.Duration {
 	var ticks int64
 	var walk func(int)
 	walk = func(p int) {
-		ticks += t[p].ticks
+		ticks += t[p].own + t[p].reaped
 		for _, c := range children[p] {
 			walk(c)
 		}

@@ -12,8 +12,8 @@ func TestParseStat(t *testing.T) {
 	// A command with spaces and a parenthesis: fields are read after the last ')'.
 	line := []byte("2962 (beam (x) smp) S 1 2961 2961 0 -1 4194304 234836 0 1 0 4413 2651 7 9 20 0 20 0 4963\n")
 	st, ok := parseStat(line)
-	if !ok || st.ppid != 1 || st.ticks != 4413+2651+7+9 {
-		t.Fatalf("parseStat = %+v, %v; want ppid 1, ticks %d", st, ok, 4413+2651+7+9)
+	if !ok || st.ppid != 1 || st.own != 4413+2651 || st.reaped != 7+9 {
+		t.Fatalf("parseStat = %+v, %v; want ppid 1, own %d, reaped %d", st, ok, 4413+2651, 7+9)
 	}
 	if _, ok := parseStat([]byte("12 (short) S 1 2")); ok {
 		t.Error("a truncated line parsed")
@@ -22,10 +22,10 @@ func TestParseStat(t *testing.T) {
 
 func TestProcTree(t *testing.T) {
 	procs := procTable{
-		10: {ppid: 1, ticks: 5},  // the server
-		11: {ppid: 10, ticks: 3}, // a backend
-		12: {ppid: 11, ticks: 1}, // its child
-		20: {ppid: 1, ticks: 100},
+		10: {ppid: 1, own: 3, reaped: 2}, // the server
+		11: {ppid: 10, own: 3},           // a backend
+		12: {ppid: 11, own: 1},           // its child
+		20: {ppid: 1, own: 100},
 	}
 	if got, want := procs.tree(10), 9*clockTick; got != want {
 		t.Errorf("tree(10) = %s, want %s", got, want)
