@@ -658,7 +658,8 @@ func runWorkerProcess(ctx context.Context, spec workerSpec) (workerResult, *sysc
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	usage, err := runMeasured(cmd)
+	if err != nil {
 		return workerResult{}, nil, fmt.Errorf("worker: %w: %s", err, redact.String(stderr.String()))
 	}
 	var res workerResult
@@ -668,7 +669,6 @@ func runWorkerProcess(ctx context.Context, spec workerSpec) (workerResult, *sysc
 	if res.Error != "" {
 		return res, nil, errors.New("worker: " + redact.String(res.Error))
 	}
-	usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	return res, usage, nil
 }
 

@@ -143,10 +143,10 @@ func runPeer(ctx context.Context, limit time.Duration, env []string, name string
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	usage, err := runMeasured(cmd)
+	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w: %s", filepath.Base(name), err, redact.String(lastLines(stderr.String(), 5)))
 	}
-	usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	return lastLine(stdout.Bytes()), usage, nil
 }
 
