@@ -180,6 +180,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		return nil, fmt.Errorf("bench: cannot reach Postgres at %s (run `make up`): %s", redact.URL(o.PostgresURL), redact.Error(err))
 	}
 	defer pool.Close()
+	unlock, err := lockRun(ctx, pool, out)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	conn, err := amqp.Dial(o.AMQPURL)
 	if err != nil {
 		return nil, fmt.Errorf("bench: cannot reach RabbitMQ at %s (run `make up`): %s", redact.URL(o.AMQPURL), redact.Error(err))
@@ -286,6 +291,34 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		fmt.Fprintf(out, "plot: %s\n", o.PlotPath)
 	}
 	return append(results, pubs...), nil
+}
+
+// runLockKey is the advisory lock that one run holds on its database: two
+// runs would reset each other's schemas (and share the cores, which makes
+// both sets of figures meaningless), so a second run waits for the first.
+const runLockKey int64 = 0x69_64_65_6d_71_62_6e_63 // "idemqbnc"
+
+func lockRun(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (func(), error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	var got bool
+	if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", runLockKey).Scan(&got); err != nil {
+		c.Release()
+		return nil, fmt.Errorf("bench: lock: %w", err)
+	}
+	if !got {
+		fmt.Fprintln(out, "waiting: another idemq bench is running on this database (its schemas are these)")
+		if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", runLockKey); err != nil {
+			c.Release()
+			return nil, fmt.Errorf("bench: lock: %w", err)
+		}
+	}
+	return func() {
+		_, _ = c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", runLockKey)
+		c.Release()
+	}, nil
 }
 
 func groups(scs []scenario) map[string]bool {
@@ -633,18 +666,18 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	return r, nil
 }
 
+// cleanupQueue deletes a scenario's queues and dead-letter exchange, each
+// on a channel of its own (a failed delete closes its channel).
 func cleanupQueue(conn *amqp.Connection, queue string) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
 	cfg := benchConsumerConfig(queue)
 	topo := consumer.NewTopology(&cfg)
 	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
-		_, _ = ch.QueueDelete(q, false, false, false)
+		deleteQueue(conn, q)
 	}
-	_ = ch.ExchangeDelete(topo.DLX, false, false)
+	if ch, err := conn.Channel(); err == nil {
+		_ = ch.ExchangeDelete(topo.DLX, false, false)
+		_ = ch.Close()
+	}
 }
 
 // runWorkerProcess re-executes this binary as a worker and reads its result.
