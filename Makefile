@@ -52,7 +52,7 @@ lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
 demo: up ## Run the payments scenario end to end (idemq demo)
 	$(GO) run ./cmd/idemq demo $(ARGS)
 
-bench: up ## Run the benchmark of docs/benchmarks.md (idemq bench)
+bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--full for the 50,000-message run
 	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)
 
 chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change

@@ -3,6 +3,11 @@
 // the AMQP message_id) consumed by a Watermill router over watermill-amqp,
 // with Watermill's Deduplicator middleware keyed by message_id.
 //
+// --dedup memory (the default) is Watermill's own in-memory repository;
+// --dedup postgres is a durable one (pgKeyRepository, below) on Postgres
+// through watermill-sql's pgx adapter. --effect ledger makes the handler
+// insert one ledger row per message, as idemq's bench handlers do.
+//
 // It stops once N deliveries have been acknowledged (unique ones handled and
 // duplicates dropped by the Deduplicator alike) and prints one JSON line:
 //
@@ -24,7 +29,11 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 )
 
 // keyMetadata is the metadata field the marshaler copies the AMQP
@@ -46,12 +55,18 @@ func main() {
 	concurrency := flag.Int("concurrency", 1, "consumers on the queue (one router handler, AMQP channel and consumer each)")
 	window := flag.Duration("window", time.Minute, "Deduplicator retention window (Watermill's default is one minute)")
 	maxDuration := flag.Duration("max-duration", 10*time.Minute, "give up (exit 1) if --count is not reached in this time")
+	dedupKind := flag.String("dedup", "memory", "Deduplicator repository: memory (Watermill's map) or postgres (durable, pgKeyRepository)")
+	effect := flag.String("effect", "none", "what the handler does: none, or ledger (one INSERT per message, autocommit)")
+	pgURL := flag.String("postgres-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "Postgres URL (--dedup postgres, --effect ledger)")
+	schema := flag.String("schema", "idemq_bench", "existing schema of the key table (made if missing) and of the ledger table (must exist for --effect ledger)")
 	flag.Parse()
-	if *queue == "" || *count <= 0 || *prefetch < 0 || *concurrency < 1 {
-		fmt.Fprintln(os.Stderr, "usage: watermill --queue Q --count N [--amqp-url URL] [--prefetch P] [--concurrency C]")
+	if *queue == "" || *count <= 0 || *prefetch < 0 || *concurrency < 1 ||
+		(*dedupKind != "memory" && *dedupKind != "postgres") || (*effect != "none" && *effect != "ledger") {
+		fmt.Fprintln(os.Stderr, "usage: watermill --queue Q --count N [--amqp-url URL] [--prefetch P] [--concurrency C] [--dedup memory|postgres] [--effect none|ledger] [--postgres-url URL] [--schema S]")
 		os.Exit(2)
 	}
-	res, err := run(*url, *queue, *count, *prefetch, *concurrency, *window, *maxDuration)
+	o := options{dedup: *dedupKind, effect: *effect, pgURL: *pgURL, schema: *schema}
+	res, err := run(*url, *queue, *count, *prefetch, *concurrency, *window, *maxDuration, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "watermill:", err)
 		os.Exit(1)
@@ -60,9 +75,30 @@ func main() {
 	fmt.Println(string(out))
 }
 
-func run(url, queue string, count int64, prefetch, concurrency int, window, maxDuration time.Duration) (result, error) {
+// options are the durable variants: where the keys live, what the handler does.
+type options struct {
+	dedup, effect, pgURL, schema string
+}
+
+func run(url, queue string, count int64, prefetch, concurrency int, window, maxDuration time.Duration, o options) (result, error) {
 	start := time.Now()
 	logger := errorLogger{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var pool *pgxpool.Pool
+	if o.dedup == "postgres" || o.effect == "ledger" {
+		cfg, err := pgxpool.ParseConfig(o.pgURL)
+		if err != nil {
+			return result{}, err
+		}
+		// One connection per consumer for the key and one for the effect.
+		cfg.MaxConns = int32(2*concurrency + 2)
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return result{}, err
+		}
+		defer pool.Close()
+	}
 
 	cfg := wamqp.NewDurableQueueConfig(url)
 	cfg.Marshaler = messageIDMarshaler{}
@@ -85,7 +121,12 @@ func run(url, queue string, count int64, prefetch, concurrency int, window, maxD
 		return result{}, err
 	}
 
-	repo, err := middleware.NewMapExpiringKeyRepository(window)
+	var repo middleware.ExpiringKeyRepository
+	if o.dedup == "postgres" {
+		repo, err = newPgKeyRepository(ctx, wsql.BeginnerFromPgx(pool), o.schema, window)
+	} else {
+		repo, err = middleware.NewMapExpiringKeyRepository(window)
+	}
 	if err != nil {
 		return result{}, err
 	}
@@ -130,12 +171,22 @@ func run(url, queue string, count int64, prefetch, concurrency int, window, maxD
 		handled.Add(1) // the effect: nothing
 		return nil
 	}
+	if o.effect == "ledger" {
+		ledger := pgx.Identifier{o.schema, "ledger"}.Sanitize()
+		handler = func(msg *message.Message) error {
+			// The effect in a transaction of its own: the Deduplicator
+			// recorded the key before, outside of it.
+			if _, err := pool.Exec(msg.Context(), "INSERT INTO "+ledger+" (key) VALUES ($1)", msg.UUID); err != nil {
+				return err
+			}
+			handled.Add(1)
+			return nil
+		}
+	}
 	for i := range concurrency {
 		router.AddConsumerHandler(fmt.Sprintf("bench-%d", i), queue, sub, handler)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	runErr := make(chan error, 1)
 	go func() { runErr <- router.Run(ctx) }()
 

@@ -614,31 +614,74 @@ func checkMetrics(t *testing.T, p *proc) {
 	}
 }
 
-// idemq bench runs every scenario in one run and prints the table, with
-// each scenario's ratio to the bare consumer, and writes the plot.
+// idemq bench runs every default row in one run and prints the tables, with
+// each row's ratio to its bare row, and writes the plot. The peers that
+// need modules of their own from the network (Watermill, River) are left
+// out here (--watermill-dir "" --river-dir ""); the reference consumers of
+// ../shared/benchref run when that module is there, else their rows must
+// say why they did not.
 func TestBench(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "bench.svg")
-	// Nine scenarios, each a worker process or two: minutes on a loaded machine.
-	r := idemqWithin(t, 4*time.Minute, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
-		"--max-duration", "10s", "--watermill-dir", "", "--plot", plot)
+	// About thirty rows, each a worker process or two: minutes on a loaded machine.
+	r := idemqWithin(t, 8*time.Minute, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
+		"--max-duration", "10s", "--watermill-dir", "", "--river-dir", "", "--plot", plot)
 	if r.code != 0 {
 		t.Fatalf("idemq bench: %s", r)
 	}
-	rows := []string{
+	consume := []string{
 		"bare amqp091-go consume+ack", "idemq per-message (1 tx/msg)", "idemq per-message, group commit 32",
 		"idemq per-message, optimistic group 32", "idemq batch handler 100", "idemq optimistic group 32, 20% dup",
 		"idemq batch 100, 20% dup", "bare amqp091-go, again",
 	}
-	table := r.stdout[strings.Index(r.stdout, "scenario  msg/s"):]
-	for _, row := range rows {
-		fields := regexp.MustCompile(regexp.QuoteMeta(row) + `\s+(\d+)\s+(\d+)%`).FindStringSubmatch(table)
+	reference := []string{
+		"benchref floor: ledger rows, 1 tx, no dedup", "benchref tx1: keys+ledger, 1 tx",
+		"benchref tx2: claim+ledger+complete, 1 tx", "benchref dedup: claim, complete, no effect",
+	}
+	publish := []string{
+		"bare publish+confirms (window 1000), quorum", "idemq relay batch 100, quorum", "idemq relay batch 500, quorum",
+		"bare publish+confirms, quorum, again",
+		"bare publish+confirms (window 1000), classic", "idemq relay batch 100, classic", "idemq relay batch 500, classic",
+		"bare publish+confirms, classic, again",
+		"bare pipe: consume, publish+confirm, ack", "idemq forward: claim, outbox, relay", "bare pipe, again",
+	}
+	i, j := strings.Index(r.stdout, "scenario  msg/s"), strings.Index(r.stdout, "publishing side  msg/s")
+	if i < 0 || j < i {
+		t.Fatalf("no consumer table followed by a publishing table:\n%s", r.stdout)
+	}
+	consumeTable, publishTable := r.stdout[i:j], r.stdout[j:]
+	// A row that ran: throughput, a ratio, and CPU per message for the
+	// worker and for all three processes together.
+	ran := func(table, row string) {
+		t.Helper()
+		fields := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(row) + `\s+(\d+)\s+(\d+)%.*\s(\S+)\s*$`).FindStringSubmatch(table)
 		if fields == nil {
 			t.Errorf("no table row for %q:\n%s", row, r.stdout)
-			continue
+			return
 		}
-		if fields[1] == "0" || fields[2] == "0" {
-			t.Errorf("row %q has no throughput or ratio: %s", row, fields[0])
+		if fields[1] == "0" || fields[2] == "0" || fields[3] == "n/a" {
+			t.Errorf("row %q has no throughput, ratio or CPU: %s", row, fields[0])
 		}
+	}
+	for _, row := range consume {
+		ran(consumeTable, row)
+	}
+	for _, row := range publish {
+		ran(publishTable, row)
+	}
+	if _, err := os.Stat(filepath.Join("..", "..", "..", "shared", "benchref", "go.mod")); err == nil {
+		for _, row := range reference {
+			ran(consumeTable, row)
+		}
+	} else {
+		t.Logf("no ../shared/benchref beside the repository: its rows must say so")
+		for _, row := range reference {
+			if !regexp.MustCompile(`note: ` + regexp.QuoteMeta(row) + `: not run: no benchref module`).MatchString(consumeTable) {
+				t.Errorf("row %q does not say why it did not run:\n%s", row, r.stdout)
+			}
+		}
+	}
+	if strings.Contains(r.stdout, "watermill +") || strings.Contains(r.stdout, "river JobCompleteTx") {
+		t.Errorf("peer rows ran although --watermill-dir and --river-dir are empty:\n%s", r.stdout)
 	}
 	svg, err := os.ReadFile(plot)
 	if err != nil || !strings.HasPrefix(string(svg), "<svg") {

@@ -1,6 +1,10 @@
 // Package bench measures idemq against a bare RabbitMQ consumer in one run:
 // the same queue kind, message shape and prefetch, each consumer in a
-// process of its own so that its memory and CPU are its own.
+// process of its own so that its memory and CPU are its own. Beside them it
+// runs the reference consumers of shared/benchref (the transactional floor
+// and a minimal hand-written dedup consumer), the peers of bench/ (Watermill,
+// River), and the publishing side: the outbox relay against a bare publisher
+// with confirms, and the forwarding stage against a bare consume-publish pipe.
 package bench
 
 import (
@@ -13,7 +17,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"text/tabwriter"
@@ -46,8 +49,18 @@ type Options struct {
 	Sweep bool
 	// PlotPath is where the SVG plot is written ("" = none).
 	PlotPath string
-	// WatermillDir is the source of the peer (bench/watermill); "" skips it.
-	WatermillDir string
+	// BenchrefDir is the module of the reference consumers (shared/benchref).
+	// A relative path is looked up from the working directory, then from
+	// the project's root. "" or a missing module: the reference rows say
+	// so instead of running.
+	BenchrefDir string
+	// WatermillDir and RiverDir are the peers' modules (bench/watermill,
+	// bench/river), looked up like BenchrefDir; "" leaves their rows out.
+	WatermillDir, RiverDir string
+	// RiverWorkers is River's MaxWorkers. Default 100.
+	RiverWorkers int
+	// NoPublish leaves out the publishing side (relay, forward).
+	NoPublish bool
 }
 
 func (o Options) withDefaults() Options {
@@ -72,35 +85,88 @@ func (o Options) withDefaults() Options {
 	if o.PacedRate == 0 {
 		o.PacedRate = 200
 	}
+	if o.RiverWorkers == 0 {
+		o.RiverWorkers = 100
+	}
 	return o
 }
 
+// Section names the two tables.
+const (
+	SectionConsume = "consume"
+	SectionPublish = "publish"
+)
+
 // Result is one scenario's figures.
 type Result struct {
-	Scenario   string
-	Settled    int
-	Rate       float64 // messages settled per second
-	Ratio      float64 // Rate over the bare consumer's
+	Section  string
+	Scenario string
+	Settled  int
+	Rate     float64 // messages settled per second
+	// Ratio is Rate over the bare rows of the same table (consume), or of
+	// the same group (publish: one queue kind, or the forwarding pair).
+	Ratio      float64
 	P50, P99   time.Duration
 	PeakRSSKiB int64
-	CPUPerMsg  time.Duration
-	Note       string
+	// CPUPerMsg is the worker process's user+sys time per message;
+	// PGPerMsg and MQPerMsg the Postgres and RabbitMQ servers' during the
+	// row (-1: not measured), AllPerMsg the sum of the three.
+	CPUPerMsg, PGPerMsg, MQPerMsg, AllPerMsg time.Duration
+	// Note says why a row did not run, or what to know about its figure.
+	Note string
 }
 
-// scenario is one line of the table.
+// runKind is what runs a scenario.
+type runKind int
+
+const (
+	runIdemqWorker runKind = iota // this binary re-executed (workerSpec)
+	runBenchref                   // shared/benchref e2e
+	runWatermill                  // bench/watermill
+	runRiver                      // bench/river
+)
+
+// scenario is one line of a table.
 type scenario struct {
 	name       string
+	kind       runKind
 	mode       mode
 	groupSize  int
 	duplicates float64
 	optimistic bool
-	watermill  bool
+	// work is benchref's e2e -work, or the Watermill peer's --dedup.
+	work string
+	// Publishing side: queue kind, relay batch, ratio group, bare row.
+	classic bool
+	batch   int
+	group   string
+	bare    bool
+	// skip, when set, is why the row does not run.
+	skip string
 }
 
 const schema = "idemq_bench"
 
-// Run measures every scenario and prints the table to out. When this process
-// is a bench worker (re-executed by Run), it does the worker's job instead.
+// refSchema holds benchref's tables (its search_path), riverSchema River's.
+const (
+	refSchema   = "idemq_bench_ref"
+	riverSchema = "idemq_bench_river"
+)
+
+// bench is one run: its services, options and built peers.
+type bench struct {
+	o     Options
+	pool  *pgxpool.Pool
+	conn  *amqp.Connection
+	probe *cpuProbe
+	// benchref, watermill, river: built binaries ("" = not available).
+	benchrefBin, watermillBin, riverBin string
+	lastCPU                             serverCPU
+}
+
+// Run measures every scenario and prints the tables to out. When this
+// process is a bench worker (re-executed by Run), it does the worker's job
+// instead.
 func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	if isWorker, err := maybeWorker(ctx); isWorker {
 		return nil, err
@@ -114,101 +180,303 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		return nil, fmt.Errorf("bench: cannot reach Postgres at %s (run `make up`): %s", redact.URL(o.PostgresURL), redact.Error(err))
 	}
 	defer pool.Close()
+	unlock, err := lockRun(ctx, pool, out)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	conn, err := amqp.Dial(o.AMQPURL)
 	if err != nil {
 		return nil, fmt.Errorf("bench: cannot reach RabbitMQ at %s (run `make up`): %s", redact.URL(o.AMQPURL), redact.Error(err))
 	}
 	defer conn.Close()
+	b := &bench{o: o, pool: pool, conn: conn, probe: newCPUProbe(o.PostgresURL, o.AMQPURL)}
 
-	scenarios := []scenario{
-		{name: "bare amqp091-go consume+ack", mode: modeBare},
-		{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
-		{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
-		{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
-		{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
-		{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
-		{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
+	// Build the reference consumers and the peers first, so that the rows
+	// run back to back in one window.
+	refSkip := b.buildBenchref(ctx, out)
+	wmSkip := b.buildPeer(ctx, out, o.WatermillDir, "bench-watermill", "Watermill peer", &b.watermillBin)
+	riverSkip := b.buildPeer(ctx, out, o.RiverDir, "bench-river", "River peer", &b.riverBin)
+
+	scenarios := []scenario{{name: "bare amqp091-go consume+ack", mode: modeBare}}
+	for _, r := range []struct{ work, name string }{
+		{"floor", "benchref floor: ledger rows, 1 tx, no dedup"},
+		{"tx1", "benchref tx1: keys+ledger, 1 tx"},
+		{"tx2", "benchref tx2: claim+ledger+complete, 1 tx"},
+		{"dedup", "benchref dedup: claim, complete, no effect"},
+	} {
+		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work, skip: refSkip})
 	}
+	scenarios = append(scenarios,
+		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
+		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
+		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
+		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
+		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
+		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
+	)
 	if o.WatermillDir != "" {
-		if _, err := os.Stat(filepath.Join(o.WatermillDir, "go.mod")); err != nil {
-			fmt.Fprintf(out, "(the Watermill peer is skipped: no module at %s; run from the repository root)\n", o.WatermillDir)
-			o.WatermillDir = ""
-		}
+		scenarios = append(scenarios,
+			scenario{name: "watermill + in-memory Deduplicator, 20% dup", kind: runWatermill, work: "memory", duplicates: 0.2, skip: wmSkip},
+			scenario{name: "watermill + Postgres Deduplicator + ledger, 20% dup", kind: runWatermill, work: "postgres", duplicates: 0.2, skip: wmSkip})
 	}
-	if o.WatermillDir != "" {
-		scenarios = append(scenarios, scenario{name: "watermill + Deduplicator, 20% dup", watermill: true, duplicates: 0.2})
+	if o.RiverDir != "" {
+		scenarios = append(scenarios, scenario{name: fmt.Sprintf("river JobCompleteTx + ledger, %d workers", o.RiverWorkers), kind: runRiver, skip: riverSkip})
 	}
 	// The bare consumer runs first and last: the ratios use the mean of
 	// both, so a machine that speeds up or slows down during the run
 	// does not tilt them.
 	scenarios = append(scenarios, scenario{name: "bare amqp091-go, again", mode: modeBare})
-	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d\n",
-		o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency)
+
+	start := time.Now()
+	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
+		o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency, loadAverage())
 	var results []Result
-	var bareSum float64
-	var bareRuns int
 	for _, sc := range scenarios {
-		fmt.Fprintf(out, "  running %-40s", sc.name+" …")
-		r, err := runScenario(ctx, o, pool, conn, sc)
+		r, err := b.runRow(ctx, out, sc, b.runScenario)
 		if err != nil {
-			fmt.Fprintln(out, "failed")
-			return results, fmt.Errorf("bench: %s: %w", sc.name, err)
+			return results, err
 		}
-		if sc.mode == modeBare {
-			bareSum += r.Rate
-			bareRuns++
-		}
-		fmt.Fprintf(out, " %8.0f msg/s\n", r.Rate)
+		r.Section = SectionConsume
 		results = append(results, r)
 	}
-	if bare := bareSum / float64(max(1, bareRuns)); bare > 0 {
-		for i := range results {
-			results[i].Ratio = results[i].Rate / bare
+	ratios(results, func(i int) bool { return scenarios[i].mode == modeBare && scenarios[i].kind == runIdemqWorker })
+
+	var pubs []Result
+	if !o.NoPublish {
+		pubScenarios := publishScenarios()
+		fmt.Fprintf(out, "publishing side: %d messages of %d bytes per scenario, confirms on every publish\n", o.Messages, o.BodySize)
+		for _, sc := range pubScenarios {
+			r, err := b.runRow(ctx, out, sc, b.runPublishScenario)
+			if err != nil {
+				return append(results, pubs...), err
+			}
+			r.Section = SectionPublish
+			pubs = append(pubs, r)
+		}
+		// Each group's rows to the bare rows of that group.
+		for g := range groups(pubScenarios) {
+			var idx []int
+			var sub []Result
+			for i, sc := range pubScenarios {
+				if sc.group == g {
+					idx = append(idx, i)
+					sub = append(sub, pubs[i])
+				}
+			}
+			ratios(sub, func(j int) bool { return pubScenarios[idx[j]].bare })
+			for j, i := range idx {
+				pubs[i].Ratio = sub[j].Ratio
+			}
 		}
 	}
+	fmt.Fprintf(out, "rows ran in %s; load average now %s\n", time.Since(start).Round(time.Second), loadAverage())
+
 	var sweep []sweepPoint
 	if o.Sweep {
+		var err error
 		sweep, err = runSweep(ctx, o, pool, conn, out)
 		if err != nil {
 			return results, err
 		}
 	}
-	printTable(out, results)
+	printTable(out, results, b.lastCPU)
+	if len(pubs) > 0 {
+		printPublishTable(out, pubs)
+	}
 	if o.PlotPath != "" {
 		if err := writePlot(o.PlotPath, results, sweep); err != nil {
 			return results, err
 		}
 		fmt.Fprintf(out, "plot: %s\n", o.PlotPath)
 	}
-	return results, nil
+	return append(results, pubs...), nil
 }
 
-func printTable(out io.Writer, results []Result) {
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tmsg/s\tvs bare\tp50\tp99\tpeak RSS\tCPU/msg\t")
-	lat := func(d time.Duration) string {
-		if d == 0 {
-			return "n/a"
-		}
-		return d.Round(100 * time.Microsecond).String()
+// runLockKey is the advisory lock that one run holds on its database: two
+// runs would reset each other's schemas (and share the cores, which makes
+// both sets of figures meaningless), so a second run waits for the first.
+const runLockKey int64 = 0x69_64_65_6d_71_62_6e_63 // "idemqbnc"
+
+func lockRun(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (func(), error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
+	var got bool
+	if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", runLockKey).Scan(&got); err != nil {
+		c.Release()
+		return nil, fmt.Errorf("bench: lock: %w", err)
+	}
+	if !got {
+		fmt.Fprintln(out, "waiting: another idemq bench is running on this database (its schemas are these)")
+		if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", runLockKey); err != nil {
+			c.Release()
+			return nil, fmt.Errorf("bench: lock: %w", err)
+		}
+	}
+	return func() {
+		_, _ = c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", runLockKey)
+		c.Release()
+	}, nil
+}
+
+func groups(scs []scenario) map[string]bool {
+	g := map[string]bool{}
+	for _, sc := range scs {
+		g[sc.group] = true
+	}
+	return g
+}
+
+// ratios sets each row's Ratio to its rate over the mean rate of the base
+// rows (isBase(i)); rows without a base keep 0.
+func ratios(rs []Result, isBase func(int) bool) {
+	var sum float64
+	var n int
+	for i, r := range rs {
+		if isBase(i) && r.Rate > 0 {
+			sum += r.Rate
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	for i := range rs {
+		rs[i].Ratio = rs[i].Rate / (sum / float64(n))
+	}
+}
+
+// runRow prints the row's progress and measures it, with the servers' CPU
+// read before and after.
+func (b *bench) runRow(ctx context.Context, out io.Writer, sc scenario, run func(context.Context, scenario, func() measured) (Result, error)) (Result, error) {
+	fmt.Fprintf(out, "  running %-55s", sc.name+" …")
+	if sc.skip != "" {
+		fmt.Fprintln(out, " not run")
+		return Result{Scenario: sc.name, Note: sc.skip}, nil
+	}
+	r, err := run(ctx, sc, b.measure)
+	if err != nil {
+		fmt.Fprintln(out, "failed")
+		return r, fmt.Errorf("bench: %s: %w", sc.name, err)
+	}
+	r.Scenario = sc.name
+	if r.Note != "" && r.Rate == 0 {
+		fmt.Fprintln(out, " failed (see the notes)")
+	} else {
+		fmt.Fprintf(out, " %8.0f msg/s\n", r.Rate)
+	}
+	return r, nil
+}
+
+// measured brackets the measured part of a row: start reads the servers'
+// CPU, done reads it again and fills the CPU columns of r.
+type measured struct {
+	before serverCPU
+	b      *bench
+}
+
+func (b *bench) measure() measured { return measured{before: b.probe.sample(), b: b} }
+
+func (m measured) done(r *Result, res workerResult, usage *syscall.Rusage) {
+	d := m.b.probe.sample().sub(m.before)
+	m.b.lastCPU = d
+	r.Settled = res.Settled
+	if res.FirstToLast > 0 {
+		r.Rate = float64(res.Settled) / time.Duration(res.FirstToLast).Seconds()
+	}
+	r.PGPerMsg, r.MQPerMsg = -1, -1
+	if res.Settled == 0 {
+		return
+	}
+	n := time.Duration(res.Settled)
+	if usage != nil {
+		r.PeakRSSKiB = usage.Maxrss
+		r.CPUPerMsg = time.Duration(usage.Utime.Nano()+usage.Stime.Nano()) / n
+	}
+	r.AllPerMsg = r.CPUPerMsg
+	if d.pg >= 0 {
+		r.PGPerMsg = d.pg / n
+		r.AllPerMsg += r.PGPerMsg
+	}
+	if d.mq >= 0 {
+		r.MQPerMsg = d.mq / n
+		r.AllPerMsg += r.MQPerMsg
+	}
+}
+
+func lat(d time.Duration) string {
+	if d == 0 {
+		return "n/a"
+	}
+	return d.Round(100 * time.Microsecond).String()
+}
+
+func cpu(d time.Duration) string {
+	if d < 0 {
+		return "n/a"
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+func printTable(out io.Writer, results []Result, last serverCPU) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tmsg/s\tvs bare\tp50\tp99\tpeak RSS\tCPU/msg\tpg/msg\tmq/msg\tall/msg\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%d MiB\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio,
-			lat(r.P50), lat(r.P99), r.PeakRSSKiB/1024, r.CPUPerMsg.Round(time.Microsecond))
+		if r.Rate == 0 && r.Note != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%d MiB\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio,
+			lat(r.P50), lat(r.P99), r.PeakRSSKiB/1024, cpu(r.CPUPerMsg), cpu(r.PGPerMsg), cpu(r.MQPerMsg), cpu(r.AllPerMsg))
 	}
 	tw.Flush()
-	fmt.Fprintln(out, "vs bare: to the mean of the two bare runs (first and last). p50/p99: publish to ack of paced messages, after a warm-up (idemq: after the effect's commit). msg/s: first delivery to last settle.")
+	fmt.Fprintln(out, "vs bare: to the mean of the two bare runs (first and last). p50/p99: publish to ack of paced messages, after a warm-up (idemq: after the effect's commit). msg/s: first delivery to last settle (benchref: from its consume call).")
+	fmt.Fprintln(out, "CPU/msg: the consumer process; pg/msg, mq/msg: the servers during the row ("+last.describe()+", whatever else uses them); all/msg: the three together.")
+	printNotes(out, results)
+}
+
+func printPublishTable(out io.Writer, results []Result) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "publishing side\tmsg/s\tvs bare\tpeak RSS\tCPU/msg\tpg/msg\tmq/msg\tall/msg\t")
+	for _, r := range results {
+		if r.Rate == 0 && r.Note != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%d MiB\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio,
+			r.PeakRSSKiB/1024, cpu(r.CPUPerMsg), cpu(r.PGPerMsg), cpu(r.MQPerMsg), cpu(r.AllPerMsg))
+	}
+	tw.Flush()
+	fmt.Fprintln(out, "vs bare: relay rows to the mean of the bare publisher runs into the same queue kind (before and after); forward to the mean of the two bare pipe runs. msg/s: worker start (connections included) to the last confirm recorded.")
+	printNotes(out, results)
+}
+
+func printNotes(out io.Writer, results []Result) {
+	for _, r := range results {
+		if r.Note != "" {
+			fmt.Fprintf(out, "  note: %s: %s\n", r.Scenario, r.Note)
+		}
+	}
+}
+
+// loadAverage is the 1, 5 and 15 minute load average, or "n/a".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := bytes.Fields(b)
+	if len(f) < 3 {
+		return "n/a"
+	}
+	return string(bytes.Join(f[:3], []byte(" ")))
 }
 
 // prepare gives a scenario a fresh queue (and for idemq, topology and schema).
 func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, queue string) error {
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-		return err
-	}
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (key text NOT NULL)"); err != nil {
+	if err := resetSchema(ctx, pool); err != nil {
 		return err
 	}
 	ch, err := conn.Channel()
@@ -224,6 +492,26 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, que
 		}
 	}
 	return topo.Declare(ch)
+}
+
+// resetSchema drops and recreates the bench schema: idemq's tables and the
+// ledger the handlers write.
+func resetSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		return err
+	}
+	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (key text NOT NULL)")
+	return err
+}
+
+// quiesce writes the dirty pages of the rows before out (CHECKPOINT), so a
+// row does not pay for the previous one's writes. Refused without the
+// privilege, which only makes the figures noisier.
+func quiesce(ctx context.Context, pool *pgxpool.Pool) {
+	_, _ = pool.Exec(ctx, "CHECKPOINT")
 }
 
 func benchConsumerConfig(queue string) consumer.Config {
@@ -293,45 +581,59 @@ func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size i
 	return flush()
 }
 
-func runScenario(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Connection, sc scenario) (Result, error) {
+// runScenario runs one row of the consumer table: a fresh queue preloaded
+// with the workload, the consumer measured draining it, then (for the bare
+// and idemq workers) a paced phase for latency.
+func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() measured) (Result, error) {
+	o := b.o
 	queue := fmt.Sprintf("idemq.bench.%d", time.Now().UnixNano())
-	if err := prepare(ctx, pool, conn, queue); err != nil {
+	if err := prepare(ctx, b.pool, b.conn, queue); err != nil {
 		return Result{}, err
 	}
-	defer cleanupQueue(conn, queue)
-	if err := publish(ctx, conn, queue, o.Messages, o.BodySize, sc.duplicates, "k-", 0); err != nil {
+	defer cleanupQueue(b.conn, queue)
+	if sc.kind == runRiver {
+		// River's jobs are its queue: inserted up front, outside the
+		// measurement, by a process of their own.
+		if err := b.riverInsert(ctx); err != nil {
+			return Result{Note: err.Error()}, nil
+		}
+	} else if err := publish(ctx, b.conn, queue, o.Messages, o.BodySize, sc.duplicates, "k-", 0); err != nil {
 		return Result{}, err
 	}
+	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch, GroupSize: sc.groupSize,
 		Optimistic: sc.optimistic}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error
-	if sc.watermill {
-		res, usage, err = runWatermill(ctx, o, queue)
-	} else {
+	m := measure()
+	switch sc.kind {
+	case runBenchref:
+		res, usage, err = b.runBenchref(ctx, queue, sc.work)
+	case runWatermill:
+		res, usage, err = b.runWatermill(ctx, queue, sc.work)
+	case runRiver:
+		res, usage, err = b.runRiver(ctx)
+	default:
 		res, usage, err = runWorkerProcess(ctx, spec)
 	}
+	var r Result
 	if err != nil {
-		return Result{}, err
-	}
-	r := Result{Scenario: sc.name, Settled: res.Settled}
-	if res.FirstToLast > 0 {
-		r.Rate = float64(res.Settled) / time.Duration(res.FirstToLast).Seconds()
-	}
-	if usage != nil {
-		r.PeakRSSKiB = usage.Maxrss
-		cpu := time.Duration(usage.Utime.Nano() + usage.Stime.Nano())
-		if res.Settled > 0 {
-			r.CPUPerMsg = cpu / time.Duration(res.Settled)
+		if sc.kind == runIdemqWorker {
+			return Result{}, err
 		}
+		// A reference or a peer that fails says so in its row; idemq's
+		// own rows stop the run.
+		return Result{Note: "failed: " + redact.Error(err)}, nil
 	}
-	if sc.watermill {
+	m.done(&r, res, usage)
+	r.Note = res.Note
+	if sc.kind != runIdemqWorker {
 		return r, nil
 	}
 	// Latency: a fresh queue, messages at a steady rate, well below capacity.
-	if err := prepare(ctx, pool, conn, queue); err != nil {
+	if err := prepare(ctx, b.pool, b.conn, queue); err != nil {
 		return r, err
 	}
 	spec.Count, spec.MaxDuration = o.Paced, time.Duration(o.Paced/o.PacedRate+10)*time.Second
@@ -345,10 +647,10 @@ func runScenario(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.
 		ch <- done{res, err}
 	}()
 	// Publish once the worker consumes: its start-up is not latency.
-	if err := waitConsumer(ctx, conn, queue, 15*time.Second); err != nil {
+	if err := waitConsumer(ctx, b.conn, queue, 15*time.Second); err != nil {
 		return r, err
 	}
-	if err := publish(ctx, conn, queue, o.Paced, o.BodySize, 0, "p-", o.PacedRate); err != nil {
+	if err := publish(ctx, b.conn, queue, o.Paced, o.BodySize, 0, "p-", o.PacedRate); err != nil {
 		return r, err
 	}
 	d := <-ch
@@ -364,18 +666,18 @@ func runScenario(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.
 	return r, nil
 }
 
+// cleanupQueue deletes a scenario's queues and dead-letter exchange, each
+// on a channel of its own (a failed delete closes its channel).
 func cleanupQueue(conn *amqp.Connection, queue string) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
 	cfg := benchConsumerConfig(queue)
 	topo := consumer.NewTopology(&cfg)
 	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
-		_, _ = ch.QueueDelete(q, false, false, false)
+		deleteQueue(conn, q)
 	}
-	_ = ch.ExchangeDelete(topo.DLX, false, false)
+	if ch, err := conn.Channel(); err == nil {
+		_ = ch.ExchangeDelete(topo.DLX, false, false)
+		_ = ch.Close()
+	}
 }
 
 // runWorkerProcess re-executes this binary as a worker and reads its result.
@@ -389,7 +691,8 @@ func runWorkerProcess(ctx context.Context, spec workerSpec) (workerResult, *sysc
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	usage, err := runMeasured(cmd)
+	if err != nil {
 		return workerResult{}, nil, fmt.Errorf("worker: %w: %s", err, redact.String(stderr.String()))
 	}
 	var res workerResult
@@ -399,7 +702,6 @@ func runWorkerProcess(ctx context.Context, spec workerSpec) (workerResult, *sysc
 	if res.Error != "" {
 		return res, nil, errors.New("worker: " + redact.String(res.Error))
 	}
-	usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	return res, usage, nil
 }
 
@@ -409,38 +711,6 @@ func lastLine(b []byte) []byte {
 		return b[i+1:]
 	}
 	return b
-}
-
-// runWatermill builds (once) and runs the peer from bench/watermill.
-func runWatermill(ctx context.Context, o Options, queue string) (workerResult, *syscall.Rusage, error) {
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	bin := filepath.Join(cache, "idemq", "bench-watermill")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir = o.WatermillDir
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		return workerResult{}, nil, fmt.Errorf("build watermill peer: %w: %s", err, out)
-	}
-	cmd := exec.CommandContext(ctx, bin, "--amqp-url", o.AMQPURL, "--queue", queue, "--count", strconv.Itoa(o.Messages),
-		"--prefetch", strconv.Itoa(o.Prefetch))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return workerResult{}, nil, fmt.Errorf("watermill peer: %w: %s", err, redact.String(stderr.String()))
-	}
-	var wm struct {
-		Handled      int   `json:"handled"`
-		Deduplicated int   `json:"deduplicated"`
-		FirstToLast  int64 `json:"first_to_last_ns"`
-	}
-	if err := json.Unmarshal(lastLine(stdout.Bytes()), &wm); err != nil {
-		return workerResult{}, nil, fmt.Errorf("watermill output %q: %w", stdout.String(), err)
-	}
-	usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	return workerResult{Settled: wm.Handled + wm.Deduplicated, FirstToLast: wm.FirstToLast}, usage, nil
 }
 
 // waitConsumer waits until queue has a consumer.

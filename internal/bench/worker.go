@@ -37,6 +37,12 @@ const (
 	modeSingle mode = "single" // idemq, one transaction per message
 	modeGroup  mode = "group"  // idemq, group commit (savepoints)
 	modeBatch  mode = "batch"  // idemq, batch handler
+
+	// The publishing side.
+	modePublish mode = "publish" // bare publisher with confirms, a window of them outstanding
+	modeRelay   mode = "relay"   // idemq's outbox relay draining a preloaded outbox
+	modePipe    mode = "pipe"    // bare consume, publish with confirm, ack
+	modeForward mode = "forward" // idemq forward: consume, claim, outbox, relay
 )
 
 // workerSpec is what one worker process runs.
@@ -52,6 +58,12 @@ type workerSpec struct {
 	Prefetch    int           `json:"prefetch"`
 	GroupSize   int           `json:"group_size"`
 	Optimistic  bool          `json:"optimistic"`
+	// Publishing side: the queue published to, the body size, the
+	// publisher's confirm window, the relay's batch size.
+	Target    string `json:"target,omitempty"`
+	BodySize  int    `json:"body_size,omitempty"`
+	Window    int    `json:"window,omitempty"`
+	BatchSize int    `json:"batch_size,omitempty"`
 }
 
 // workerResult is what a worker prints on stdout.
@@ -60,6 +72,8 @@ type workerResult struct {
 	FirstToLast int64   `json:"first_to_last_ns"`
 	Latencies   []int64 `json:"latencies_ns,omitempty"`
 	Error       string  `json:"error,omitempty"`
+	// Note is what to know about the figure (not an error).
+	Note string `json:"note,omitempty"`
 }
 
 // runWorker is the body of a worker process.
@@ -72,9 +86,18 @@ func runWorker(ctx context.Context, specJSON string, out io.Writer) error {
 	defer cancel()
 	var res workerResult
 	var err error
-	if spec.Mode == modeBare {
+	switch spec.Mode {
+	case modeBare:
 		res, err = runBare(ctx, spec)
-	} else {
+	case modePublish:
+		res, err = runPublisher(ctx, spec)
+	case modeRelay:
+		res, err = runRelay(ctx, spec)
+	case modePipe:
+		res, err = runPipe(ctx, spec)
+	case modeForward:
+		res, err = runForward(ctx, spec)
+	default:
 		res, err = runIdemq(ctx, spec)
 	}
 	if err != nil {
@@ -99,6 +122,18 @@ func newTally(count int) *tally { return &tally{count: count, done: make(chan st
 
 func (t *tally) delivered() {
 	t.first.CompareAndSwap(0, time.Now().UnixNano())
+}
+
+// start sets the start of the measurement now (for rows measured from the
+// worker's start rather than from a first delivery).
+func (t *tally) start() { t.first.Store(time.Now().UnixNano()) }
+
+// settleN settles n messages without headers.
+func (t *tally) settleN(n int64) {
+	t.last.Store(time.Now().UnixNano())
+	if int(t.settled.Add(n)) >= t.count {
+		t.doneOnce.Do(func() { close(t.done) })
+	}
 }
 
 func (t *tally) settle(headers amqp.Table) {

@@ -77,7 +77,10 @@ recreates.`,
 }
 
 func (a *app) benchCommand() *cobra.Command {
-	var o bench.Options
+	var (
+		o    bench.Options
+		full bool
+	)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run the benchmark of docs/benchmarks.md",
@@ -85,20 +88,42 @@ func (a *app) benchCommand() *cobra.Command {
 --postgres-url and --amqp-url, each consumer in a process of its own (this
 binary again): throughput per scenario (per-message transactions, group commit,
 batch handlers, with and without duplicates), its ratio to the bare consumer,
-publish-to-ack latency (p50, p99), peak memory and CPU per message; then print
-the table (see docs/benchmarks.md). It uses its own schema (idemq_bench) and
-queues, which it resets.`,
+publish-to-ack latency (p50, p99), peak memory, and CPU per message of the
+consumer, of the Postgres and RabbitMQ servers, and of the three together.
+
+In the same run: the reference consumers of --benchref (the transactional
+floor without dedup, and minimal hand-written dedup consumers; built from
+their module and run as they are), the peers of --watermill-dir and
+--river-dir, and the publishing side: the outbox relay draining a backlog
+against a bare publisher with confirms (quorum and classic queues), and the
+forwarding stage of 'idemq forward' against a bare consume-and-publish pipe.
+Then print the tables (see docs/benchmarks.md). It uses its own schemas
+(idemq_bench, idemq_bench_ref, idemq_bench_river) and queues, which it resets.`,
 		Example: `  idemq bench
-  idemq bench --messages 5000 --max-duration 10s
+  idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
+  idemq bench --messages 5000 --max-duration 10s --no-publish
   idemq bench --sweep --plot docs/img/group-commit.svg`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
+			if full {
+				f := cmd.Flags()
+				if !f.Changed("messages") {
+					o.Messages = 50000
+				}
+				if !f.Changed("prefetch") {
+					o.Prefetch = 1024
+				}
+				if !f.Changed("max-duration") {
+					o.MaxDuration = time.Minute
+				}
+			}
 			_, err := bench.Run(cmd.Context(), o, a.stdout)
 			return err
 		}),
 	}
 	f := cmd.Flags()
+	f.BoolVar(&full, "full", false, "the full run of docs/benchmarks.md: --messages 50000 --prefetch 1024 --max-duration 1m (flags given explicitly win)")
 	f.IntVar(&o.Messages, "messages", 20000, "messages preloaded per throughput scenario")
 	f.IntVar(&o.BodySize, "body-size", 200, "message body size in bytes")
 	f.IntVar(&o.Concurrency, "concurrency", 8, "handlers of every consumer")
@@ -108,7 +133,11 @@ queues, which it resets.`,
 	f.IntVar(&o.PacedRate, "paced-rate", 200, "publish rate of the latency messages, per second")
 	f.BoolVar(&o.Sweep, "sweep", false, "also run group commit at several group sizes")
 	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of the results (and the sweep) to this path")
-	f.StringVar(&o.WatermillDir, "watermill-dir", "bench/watermill", "source directory of the Watermill peer; skipped when absent or empty")
+	f.StringVar(&o.BenchrefDir, "benchref", "../shared/benchref", "module of the reference consumers (relative: to the working directory, else to the project root); when absent or empty, their rows say so")
+	f.StringVar(&o.WatermillDir, "watermill-dir", "bench/watermill", "module of the Watermill peer (relative: as --benchref); empty leaves its rows out")
+	f.StringVar(&o.RiverDir, "river-dir", "bench/river", "module of the River peer (relative: as --benchref); empty leaves its row out")
+	f.IntVar(&o.RiverWorkers, "river-workers", 100, "River's MaxWorkers")
+	f.BoolVar(&o.NoPublish, "no-publish", false, "leave out the publishing side (relay, forward)")
 	return cmd
 }
 
