@@ -41,7 +41,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		claims[i] = it.claim
 	}
 	rctx, cancel := c.storeCtx(ctx)
-	rctx, rspan := c.tracer.Start(rctx, "idemq reserve", groupLinks(items))
+	rctx, rspan := c.tracer.Start(rctx, "idemq reserve batch", groupLinks(items))
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", true))
 	t0 := time.Now()
 	res, err := c.store.ReserveBatchTx(rctx, tx, claims)
@@ -92,7 +92,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 			return false
 		}
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq commit", groupLinks(items))
+	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	err = c.commit(cctx, tx)
 	if err != nil {
 		// The commit's fate is unknown: every acquired item is retried; a

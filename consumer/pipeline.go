@@ -10,9 +10,11 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Every delivery goes through one pipeline, whatever the mode:
@@ -180,13 +182,25 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 	for i, it := range items {
 		claims[i] = it.claim
 	}
-	rctx, cancel := c.storeCtx(ctx)
+	// Alone, the reservation is a child of the delivery's process span; a
+	// group's belongs to no single trace and links to each delivery.
+	parent, name, opts := ctx, "idemq reserve batch", []trace.SpanStartOption{groupLinks(items)}
+	if len(items) == 1 {
+		parent, name, opts = items[0].ctx, "idemq reserve", nil
+	}
+	rctx, cancel := c.storeCtx(parent)
 	defer cancel()
-	rctx, rspan := c.tracer.Start(rctx, "idemq reserve", groupLinks(items))
+	rctx, rspan := c.tracer.Start(rctx, name, opts...)
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
 	t0 := time.Now()
-	res, err := c.store.ReserveBatch(rctx, claims)
+	res, err := c.reserve(rctx, claims)
 	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	if err == nil && len(items) == 1 {
+		rspan.SetAttributes(attribute.String("idemq.decision", res[0].Decision.String()))
+	}
+	if err != nil {
+		rspan.SetStatus(codes.Error, redact.Error(err))
+	}
 	rspan.End()
 	if err != nil {
 		// The key store is unreachable: an infrastructure failure.
@@ -206,6 +220,16 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 		return cmp.Or(cmp.Compare(a.claim.Tenant, b.claim.Tenant), cmp.Compare(a.claim.Key, b.claim.Key))
 	})
 	return acquired
+}
+
+// reserve reserves the claims with one statement: the single-key one for
+// a group of one (no arrays to build and sort), else the batch one.
+func (c *Consumer) reserve(ctx context.Context, claims []dedup.Claim) ([]dedup.Reservation, error) {
+	if len(claims) == 1 {
+		r, err := c.store.Reserve(ctx, claims[0])
+		return []dedup.Reservation{r}, err
+	}
+	return c.store.ReserveBatch(ctx, claims)
 }
 
 // groupResult is one acquired item's fate inside the shared transaction.

@@ -49,40 +49,29 @@ func (s isolated) run(ctx context.Context, items []*item) []groupResult {
 	}
 	defer c.rollback(ctx, tx)
 	if len(items) == 1 {
-		it := items[0]
-		result, err := c.call(it, tx)
-		if err == nil {
-			cctx, cancel := c.storeCtx(ctx)
-			err = c.store.Complete(cctx, tx, it.lease, result)
-			cancel()
-		}
-		if err != nil {
-			return failAll(out, err)
-		}
-		out[0].result = result
-	} else {
-		sp := &savepoints{tx: tx}
-		sctx, cancel := c.storeCtx(ctx)
-		err = sp.open(sctx)
-		cancel()
-		if err != nil {
-			return failAll(out, fmt.Errorf("savepoint: %w", err))
-		}
-		for i, it := range items {
-			if err := s.runOne(ctx, sp, it, &out[i], i < len(items)-1); err != nil {
-				// The shared transaction is broken: what ran before is lost
-				// too, through no fault of its own.
-				for j := range items {
-					if j != i && (j > i || out[j].err == nil) {
-						out[j] = groupResult{err: fmt.Errorf("group-mate broke the transaction: %w", err), bystander: true}
-					}
+		return s.runAlone(ctx, tx, items[0])
+	}
+	sp := &savepoints{tx: tx}
+	sctx, cancel := c.storeCtx(ctx)
+	err = sp.open(sctx)
+	cancel()
+	if err != nil {
+		return failAll(out, fmt.Errorf("savepoint: %w", err))
+	}
+	for i, it := range items {
+		if err := s.runOne(ctx, sp, it, &out[i], i < len(items)-1); err != nil {
+			// The shared transaction is broken: what ran before is lost
+			// too, through no fault of its own.
+			for j := range items {
+				if j != i && (j > i || out[j].err == nil) {
+					out[j] = groupResult{err: fmt.Errorf("group-mate broke the transaction: %w", err), bystander: true}
 				}
-				out[i] = groupResult{err: err}
-				return out
 			}
+			out[i] = groupResult{err: err}
+			return out
 		}
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq commit", groupLinks(items))
+	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	defer cspan.End()
 	if err := c.commit(cctx, tx); err != nil {
 		// The commit's fate is unknown: the keys are released (a no-op for
@@ -92,6 +81,34 @@ func (s isolated) run(ctx context.Context, items []*item) []groupResult {
 		return failAll(out, fmt.Errorf("commit: %w", err))
 	}
 	return out
+}
+
+// runAlone runs a group of one: the handler in tx, then the key's
+// completion and the commit in a span "idemq complete" of the delivery's
+// trace.
+func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResult {
+	c := s.c
+	result, err := c.call(it, tx)
+	if err != nil {
+		return []groupResult{{err: err}}
+	}
+	cctx, cspan := c.tracer.Start(it.ctx, "idemq complete")
+	defer cspan.End()
+	sctx, cancel := c.storeCtx(cctx)
+	err = c.store.Complete(sctx, tx, it.lease, result)
+	cancel()
+	if err == nil {
+		if err = c.commit(cctx, tx); err != nil {
+			// The commit's fate is unknown: the key is released (a no-op
+			// if it did commit) and retried; the retry is then a duplicate.
+			err = fmt.Errorf("commit: %w", err)
+		}
+	}
+	if err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
+		return []groupResult{{err: err}}
+	}
+	return []groupResult{{result: result}}
 }
 
 // runOne runs one item's handler above the newest savepoint and completes
