@@ -134,6 +134,8 @@ type scenario struct {
 	groupSize  int
 	duplicates float64
 	optimistic bool
+	// reserveInTx: a batch consumer with BatchReserveInTx.
+	reserveInTx bool
 	// work is benchref's e2e -work, or the Watermill peer's --dedup.
 	work string
 	// Publishing side: queue kind, relay batch, ratio group, bare row.
@@ -212,6 +214,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
 		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
+		scenario{name: "idemq batch 100, reserved in its tx", mode: modeBatch, groupSize: 100, reserveInTx: true},
 		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	)
@@ -603,7 +606,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Optimistic: sc.optimistic}
+		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error
