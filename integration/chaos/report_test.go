@@ -57,6 +57,11 @@ type report struct {
 	DLQByReason                                                map[string]int
 	DLQNoError                                                 int
 	WorkLeft, RetryLeft                                        int
+	// Moved counts the dead letters read out of the DLQ before a fault
+	// deleted it; QueuesDeleted the deletions, Taken the messages the
+	// broker deleted with the queues (0: every deletion found its queue
+	// empty).
+	Moved, QueuesDeleted, Taken int
 
 	Outcomes       map[string]int64
 	WorkerRestarts int
@@ -96,6 +101,8 @@ func (s *soak) verify(ctx context.Context) *report {
 	for _, f := range s.faults {
 		r.Faults = append(r.Faults, *f)
 	}
+	moved := slices.Clone(s.moved)
+	r.Moved, r.QueuesDeleted, r.Taken = len(s.moved), s.deleted, s.taken
 	s.faultMu.Unlock()
 	if r.Returned > 0 {
 		fail("%d publications came back unroutable", r.Returned)
@@ -276,6 +283,7 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	if err != nil {
 		fail("read DLQ: %v", err)
 	}
+	dead = append(moved, dead...)
 	r.DLQMessages = len(dead)
 	for _, d := range dead {
 		reason := deadLetterReason(d.Headers)
@@ -415,7 +423,9 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	if r.NotTrimmed > 0 {
 		fail("%d near_frame_max ops were processed with their tracestate: their retry copy was not trimmed (has the consumer's retry budget changed?)", r.NotTrimmed)
 	}
-
+	if r.Taken > 0 {
+		fail("the faults' queue deletions took %d messages with them: a loss of the soak's own making, not idemq's (the workers were frozen and the queue looked empty)", r.Taken)
+	}
 	if r.DLQMissing > 0 || r.DLQUnexpected > 0 || r.DLQNoError > 0 {
 		fail("DLQ: %d dead-letter ops missing, %d unexpected dead letters (by reason %v), %d without x-idemq-error",
 			r.DLQMissing, r.DLQUnexpected, r.DLQByReason, r.DLQNoError)
@@ -474,8 +484,8 @@ func (r *report) String() string {
 		r.ParkedVoid, r.VoidReturns, r.VoidNotParked)
 	p("  frame_max    %d bytes: %d ops %d bytes under it processed from a trimmed retry copy (%d not trimmed), %d ops at it (%d bytes under) dead-lettered %s",
 		r.FrameMax, r.Trimmed, nearFrameMaxMargin, r.NotTrimmed, r.TooLarge, atFrameMaxMargin, consumer.ReasonHeadersTooLarge)
-	p("  DLQ          %d messages, %d keys (%d extra copies), by reason %v; %d dead-letter ops missing, %d unexpected",
-		r.DLQMessages, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
+	p("  DLQ          %d messages (%d read out before a DLQ deletion), %d keys (%d extra copies), by reason %v; %d dead-letter ops missing, %d unexpected",
+		r.DLQMessages, r.Moved, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
 	p("  queues       %d left in the work queue, %d in the retry tiers", r.WorkLeft, r.RetryLeft)
 	p("  outcomes     %s (workers' counters, best effort)", sortedMap(r.Outcomes))
 	var copyFailed int64
@@ -484,8 +494,8 @@ func (r *report) String() string {
 			copyFailed += n
 		}
 	}
-	p("  copies       %d %s (a retry or dead-letter copy not durable: the delivery went back to its queue)",
-		copyFailed, consumer.OutcomeCopyFailed)
+	p("  copies       %d %s (a retry or dead-letter copy not durable: the delivery went back to its queue); %d queues deleted by faults, %d messages taken with them",
+		copyFailed, consumer.OutcomeCopyFailed, r.QueuesDeleted, r.Taken)
 	p("  workers      %d restarts after SIGKILL", r.WorkerRestarts)
 
 	byKind := map[string][]faultRecord{}

@@ -77,6 +77,13 @@ type soak struct {
 	insp     *inspector
 	lastMove atomic.Int64 // unix nanos of the last progress
 	started  time.Time
+
+	// Under faultMu: moved holds the dead letters read out of the DLQ
+	// before a fault deleted it (they count as in the DLQ); deleted counts
+	// the queues the faults deleted, taken the messages those deletions
+	// took with them (0 unless a fault went wrong).
+	moved          []amqp.Delivery
+	deleted, taken int
 }
 
 // runSoak runs the whole soak and fails t on any loss or double.
@@ -304,6 +311,25 @@ func (s *soak) startWorker(i int) {
 	s.workers[i] = w
 }
 
+// freezeWorkers stops every running worker process (SIGSTOP) and returns
+// the function that lets them go on. Frozen, the workers publish nothing:
+// what a queue holds can only shrink.
+func (s *soak) freezeWorkers() (thaw func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var frozen []*workerProc
+	for _, w := range s.workers {
+		if w != nil && w.freeze() {
+			frozen = append(frozen, w)
+		}
+	}
+	return func() {
+		for _, w := range frozen {
+			w.thaw()
+		}
+	}
+}
+
 // stopWorkers drains and stops every worker.
 func (s *soak) stopWorkers() {
 	s.mu.Lock()
@@ -408,7 +434,7 @@ func (s *soak) progress(ctx context.Context) (progressSignals, bool) {
 	if err != nil {
 		return progressSignals{}, false
 	}
-	work := completed + relayed + settled + int64(st.DLQ)
+	work := completed + relayed + settled + int64(st.DLQ+s.movedDeadLetters())
 	// Queue depths move both ways; weighted so that moves do not cancel out.
 	return progressSignals{work: work, any: work*7 + int64(st.Work+st.Retrying)*11 + s.pub.confirmed.Load()*13}, true
 }
@@ -447,8 +473,16 @@ func (s *soak) settled(ctx context.Context) bool {
 		return false
 	}
 	st, err := s.insp.state()
-	return err == nil && st.Work == 0 && st.Retrying == 0 && st.DLQ >= s.plan.deadLetterWant() &&
+	return err == nil && st.Work == 0 && st.Retrying == 0 && st.DLQ+s.movedDeadLetters() >= s.plan.deadLetterWant() &&
 		st.Output >= s.plan.processedWant() && st.Twin >= s.plan.ByKind[kindTwin]
+}
+
+// movedDeadLetters is how many dead letters were read out of the DLQ
+// before a fault deleted it.
+func (s *soak) movedDeadLetters() int {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return len(s.moved)
 }
 
 // quiet reports, with the workers stopped, whether the queues are empty and
@@ -495,9 +529,9 @@ func (s *soak) diagnose(ctx context.Context) string {
        (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now()),
        (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until <= now())`).Scan(&completed, &pending, &parked, &leased, &released)
 	st, qerr := s.insp.state()
-	return fmt.Sprintf("published %d/%d (done %v); keys completed %d of %d, leased %d, released %d; outbox pending %d, parked %d of %d; queues %+v (db err %v, broker err %v)",
+	return fmt.Sprintf("published %d/%d (done %v); keys completed %d of %d, leased %d, released %d; outbox pending %d, parked %d of %d; queues %+v, %d dead letters moved (db err %v, broker err %v)",
 		s.pub.confirmed.Load(), s.plan.Total, s.pub.finished.Load(), completed, s.plan.completedWant(),
-		leased, released, pending, parked, s.plan.ByKind[kindTwinVoid], st, err, qerr)
+		leased, released, pending, parked, s.plan.ByKind[kindTwinVoid], st, s.movedDeadLetters(), err, qerr)
 }
 
 // logTails prints the end of every worker log, for a failed run.
@@ -630,6 +664,45 @@ func (in *inspector) state() (queueState, error) {
 		return st, err
 	}
 	return st, nil
+}
+
+// depthOf is the number of ready messages in queue name.
+func (in *inspector) depthOf(name string) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, err
+	}
+	return in.depth(ch, name)
+}
+
+// deleteQueue deletes queue name whatever it holds (quorum queues refuse
+// if-empty) and returns how many messages went with it.
+func (in *inspector) deleteQueue(name string) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, err
+	}
+	n, err := ch.QueueDelete(name, false, false, false)
+	if err != nil {
+		return 0, fmt.Errorf("delete %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// declareTopology declares the consumer's whole topology again, as the
+// workers do (Topology.Declare, idempotent).
+func (in *inspector) declareTopology() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return err
+	}
+	return in.topo.Declare(ch)
 }
 
 // declareOutput declares the exchange the workers forward to, the output

@@ -366,6 +366,14 @@ func (w *workerProc) kill() {
 	_ = w.stdin.Close()
 }
 
+// freeze stops the process (SIGSTOP) until thaw: it publishes nothing
+// meanwhile. It reports whether the process was stopped.
+func (w *workerProc) freeze() bool {
+	return !w.done() && w.cmd.Process.Signal(syscall.SIGSTOP) == nil
+}
+
+func (w *workerProc) thaw() { _ = w.cmd.Process.Signal(syscall.SIGCONT) }
+
 // stop asks the worker to drain and exit, and kills it after grace. It
 // reports whether it stopped cleanly by itself.
 func (w *workerProc) stop(grace time.Duration) bool {
