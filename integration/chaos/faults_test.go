@@ -230,12 +230,18 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 // queue back earlier; that is the runtime doing its job.
 
 // deleteTier deletes a retry tier, preferring one that is empty already
-// (the workers stay frozen for less time), and declares it again.
+// (the workers stay frozen for less time), and declares it again. Half the
+// time it is the tier of first retries, the one with steady traffic (every
+// flaky op goes through it), so that copies do meet the missing tier; the
+// longer tiers see traffic mostly after a Postgres outage.
 func (s *soak) deleteTier(ctx context.Context) (string, error) {
 	var name string
 	var ttl time.Duration
 	for try := 0; try < 10; try++ {
-		d := s.topo.Delays[s.rng.IntN(len(s.topo.Delays))]
+		d := s.topo.Delays[0]
+		if s.rng.IntN(2) == 0 {
+			d = s.topo.Delays[s.rng.IntN(len(s.topo.Delays))]
+		}
 		name, ttl = s.topo.TierName(d), d
 		if n, err := s.insp.depthOf(name); err == nil && n == 0 {
 			break
