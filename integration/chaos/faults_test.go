@@ -226,8 +226,11 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 // the delivery must go back to its queue (copy_failed), never be acked.
 // The hold lasts until such a failure was seen (or maxFaultHoldSeconds),
 // then the queue is declared again as the topology declares it. A worker
-// that reconnects meanwhile declares the topology too and may bring the
-// queue back earlier; that is the runtime doing its job.
+// that reconnects meanwhile declares the topology too and brings the queue
+// back earlier (the runtime doing its job, noted in the fault's detail); so
+// that the copies do meet the missing queue, a deletion waits first until
+// every worker consumes again, none in the middle of a reconnect after an
+// earlier broker fault.
 
 // deleteTier deletes a retry tier, preferring one that is empty already
 // (the workers stay frozen for less time), and declares it again. Half the
@@ -249,6 +252,7 @@ func (s *soak) deleteTier(ctx context.Context) (string, error) {
 		s.pause(ctx, 200*time.Millisecond)
 	}
 	short := "Q" + strings.TrimPrefix(name, s.queue)
+	s.awaitConsumers(ctx)
 	thaw := s.freezeWorkers()
 	frozen := time.Now()
 	// The tier drains by itself, frozen workers or not: its messages expire.
@@ -264,6 +268,7 @@ func (s *soak) deleteTier(ctx context.Context) (string, error) {
 func (s *soak) deleteDLQ(ctx context.Context) (string, error) {
 	name := s.topo.DLQ
 	short := "Q" + strings.TrimPrefix(name, s.queue)
+	s.awaitConsumers(ctx)
 	thaw := s.freezeWorkers()
 	frozen := time.Now()
 	movedNow := 0
@@ -315,14 +320,28 @@ func (s *soak) deleteAndRedeclare(ctx context.Context, name, short string, thaw 
 		return s.copiesFailed(ctx) > failedBefore
 	})
 	held := time.Since(deleted)
+	_, back, _ := s.insp.consumers(name)
 	err = s.redeclare(restoreCtx)
 	failed := s.copiesFailed(ctx) - failedBefore
-	detail := fmt.Sprintf("%sdeleted %s (%d messages taken, workers frozen %.1fs), declared again %.1fs later; %d copy_failed meanwhile",
-		prefix, short, taken, frozenFor.Seconds(), held.Seconds(), failed)
+	again := "declared again"
+	if back {
+		again = "back by itself (a worker reconnected and declared it) before it was declared again"
+	}
+	detail := fmt.Sprintf("%sdeleted %s (%d messages taken, workers frozen %.1fs), %s %.1fs later; %d copy_failed meanwhile",
+		prefix, short, taken, frozenFor.Seconds(), again, held.Seconds(), failed)
 	if err == nil && taken > 0 {
 		err = fmt.Errorf("deleting %s took %d messages with it", name, taken)
 	}
 	return detail, err
+}
+
+// awaitConsumers waits (at most 30s) until every running worker consumes
+// the work queue.
+func (s *soak) awaitConsumers(ctx context.Context) {
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		n, _, err := s.insp.consumers(s.topo.Queue)
+		return err == nil && n >= s.running()
+	})
 }
 
 // redeclare declares the consumer's topology again, retrying while the

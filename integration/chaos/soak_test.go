@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -309,6 +310,19 @@ func (s *soak) startWorker(i int) {
 		s.t.Fatalf("soak: %v", err)
 	}
 	s.workers[i] = w
+}
+
+// running is the number of worker processes running.
+func (s *soak) running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.workers {
+		if w != nil && !w.done() {
+			n++
+		}
+	}
+	return n
 }
 
 // freezeWorkers stops every running worker process (SIGSTOP) and returns
@@ -675,6 +689,26 @@ func (in *inspector) depthOf(name string) (int, error) {
 		return 0, err
 	}
 	return in.depth(ch, name)
+}
+
+// consumers is the number of consumers of queue name, and whether it
+// exists at all.
+func (in *inspector) consumers(name string) (n int, exists bool, err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, false, err
+	}
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return q.Consumers, true, nil
 }
 
 // deleteQueue deletes queue name whatever it holds (quorum queues refuse
