@@ -8,40 +8,51 @@
 // published at once from 20 goroutines; 1% poison; 2% business rejections;
 // 5% of the operations failing with an infrastructure error on their first
 // attempt or two; four tenants, some with odd characters; some keys in the
-// Idempotency-Key header) is published with confirms. Several worker
-// processes (the test binary started again with IDEMQ_CHAOS_WORKER set)
-// consume it with consumer.Consumer: one handles a delivery at a time, one
-// uses group commit, one optimistic group commit. The handler writes a
-// ledger row and forwards the message through the transactional outbox
-// (outbox.Enqueue in the handler's transaction) to an exchange bound to an
-// output queue; each worker also runs an outbox.Relay. The workers reach
-// Postgres and RabbitMQ through toxiproxy.
+// Idempotency-Key header; twins, whose handler forwards two outbox rows with
+// one explicit message_id, the second to a bound route or to one no queue is
+// bound to; messages whose header frame is 300 bytes under frame_max,
+// failing once so that their retry copy must be trimmed, and 64 bytes under
+// it, always failing so that no copy fits) is published with confirms.
+// Several worker processes (the test binary started again with
+// IDEMQ_CHAOS_WORKER set) consume it with consumer.Consumer: one handles a
+// delivery at a time, one uses group commit, one optimistic group commit.
+// The handler writes a ledger row and forwards the message through the
+// transactional outbox (outbox.Enqueue in the handler's transaction) to an
+// exchange bound to an output queue; each worker also runs an outbox.Relay.
+// The workers reach Postgres and RabbitMQ through toxiproxy.
 //
 // While it runs, faults are injected at random, bounded intervals: SIGKILL
 // of a worker (then a restart), rabbitmqctl close_all_connections,
 // rabbitmqctl stop_app / start_app, pg_terminate_backend of the workers'
 // sessions (found by their application_name), a Postgres restart (-m fast)
 // and a stop -m immediate followed by a start, and toxiproxy toxics on
-// either proxy: latency, timeout (a black hole) and reset_peer. Each fault
-// restores what it broke before the next one, and the test's cleanups
-// restore everything again (start_app, Postgres start, toxics removed),
-// also after a failure.
+// either proxy: latency, timeout (a black hole) and reset_peer; and the
+// deletion of a retry tier or of the DLQ (while it is empty and the workers
+// are frozen with SIGSTOP, the DLQ's dead letters read out and kept first),
+// held until a copy routed to it failed (copy_failed), then declared again
+// as the topology declares it. Each fault restores what it broke before the
+// next one, and the test's cleanups restore everything again (start_app,
+// Postgres start, toxics removed), also after a failure.
 //
 // # What it checks
 //
-// At the end, from the database and the queues: every operation ended as
-// its kind says — processed (exactly one ledger row, its key completed, one
-// outbox row, its claim-derived message_id on the output queue with the
-// body it was sent with), rejected (completed, no effect) or dead-lettered
-// (in the DLQ with reason permanent_error and an error text); no key has two
-// effects and no effect lacks its operation; no key is left under a lease;
-// the outbox is drained; the work queue and the retry tiers are empty; the
-// DLQ holds only the poison messages; the output queue holds only known
-// message ids (copies of one id are allowed: the relay publishes at least
-// once). It prints a report: messages, effects, outcomes, retries, faults by
-// kind with the recovery time after each one, and fails on any loss or
-// double, on a stall, on a worker that exits by itself, and on a data race
-// or panic in a worker's log.
+// At the end, from the database and the queues: every operation ended as its
+// kind says — processed (exactly one ledger row, its key completed, one
+// outbox row, its claim-derived message_id on the output queue with the body
+// it was sent with; a twin's second row on the twin queue, or, when
+// unroutable, parked and never marked published; a near_frame_max op
+// processed from a copy that dropped its tracestate), rejected (completed,
+// no effect) or dead-lettered (in the DLQ with its reason, permanent_error
+// or headers_too_large, and an error text); no row marked published is
+// missing from its queue; no key has two effects and no effect lacks its
+// operation; no key is left under a lease; the outbox is drained (the
+// unroutable twins parked); the work queue and the retry tiers are empty;
+// the DLQ holds only the ops meant for it; no queue deletion took a message;
+// the output queue holds only known message ids (copies of one id are
+// allowed: the relay publishes at least once). It prints a report: messages,
+// effects, outcomes, retries, faults by kind with the recovery time after
+// each one, and fails on any loss or double, on a stall, on a worker that
+// exits by itself, and on a data race or panic in a worker's log.
 //
 // # The two sizes
 //

@@ -3,7 +3,10 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The fault kinds, in the order of the report.
@@ -17,6 +20,8 @@ const (
 	faultNetLatency     = "net_latency"
 	faultNetBlackhole   = "net_timeout"
 	faultNetResetPeer   = "net_reset_peer"
+	faultDeleteTier     = "delete_retry_tier"
+	faultDeleteDLQ      = "delete_dlq"
 	proxyPostgres       = "postgres"
 	proxyRabbitMQ       = "rabbitmq"
 	maxFaultHoldSeconds = 8
@@ -25,6 +30,7 @@ const (
 var faultKinds = []string{
 	faultWorkerKill, faultCloseAll, faultBrokerStop, faultPGTerminate, faultPGRestart,
 	faultPGStopImmed, faultNetLatency, faultNetBlackhole, faultNetResetPeer,
+	faultDeleteTier, faultDeleteDLQ,
 }
 
 // faultRecord is one injected fault.
@@ -195,6 +201,185 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 			err = fmt.Errorf("%w (remove all: %v)", err, s.tp.removeAllToxics())
 		}
 		return fmt.Sprintf("%s on %s %s for %.1fs", what, proxy, stream, hold.Seconds()), err
+
+	case faultDeleteTier:
+		return s.deleteTier(ctx)
+
+	case faultDeleteDLQ:
+		return s.deleteDLQ(ctx)
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+// The queue deletions. A deleted queue takes its messages with it: that
+// loss would be the fault's, not idemq's, and the soak cannot tell which
+// operations it hit. So a queue is deleted only while it is empty and no
+// worker can publish into it: the workers are frozen (SIGSTOP), the queue
+// drains (a tier's messages expire back into Q; the DLQ's dead letters are
+// read out and kept by the soak, counted as in the DLQ at the end), it is
+// seen empty three times over half a second (a copy a worker wrote just
+// before it froze has landed by then), deleted, and the workers thawed.
+// Quorum queues refuse queue.delete with if-empty, so the deletion is
+// unconditional; the broker's count of what it took is recorded, and
+// anything but 0 fails the run as a loss of the soak's own making. Then,
+// with the queue missing, every copy a worker routes to it is returned:
+// the delivery must go back to its queue (copy_failed), never be acked.
+// The hold lasts until such a failure was seen (or maxFaultHoldSeconds),
+// then the queue is declared again as the topology declares it. A worker
+// that reconnects meanwhile declares the topology too and brings the queue
+// back earlier (the runtime doing its job, noted in the fault's detail); so
+// that the copies do meet the missing queue, a deletion waits first until
+// every worker consumes again, none in the middle of a reconnect after an
+// earlier broker fault.
+
+// deleteTier deletes a retry tier, preferring one that is empty already
+// (the workers stay frozen for less time), and declares it again. Half the
+// time it is the tier of first retries, the one with steady traffic (every
+// flaky op goes through it), so that copies do meet the missing tier; the
+// longer tiers see traffic mostly after a Postgres outage.
+func (s *soak) deleteTier(ctx context.Context) (string, error) {
+	var name string
+	var ttl time.Duration
+	for try := 0; try < 10; try++ {
+		d := s.topo.Delays[0]
+		if s.rng.IntN(2) == 0 {
+			d = s.topo.Delays[s.rng.IntN(len(s.topo.Delays))]
+		}
+		name, ttl = s.topo.TierName(d), d
+		if n, err := s.insp.depthOf(name); err == nil && n == 0 {
+			break
+		}
+		s.pause(ctx, 200*time.Millisecond)
+	}
+	short := "Q" + strings.TrimPrefix(name, s.queue)
+	s.awaitConsumers(ctx)
+	thaw := s.freezeWorkers()
+	frozen := time.Now()
+	// The tier drains by itself, frozen workers or not: its messages expire.
+	if err := s.awaitDrained(ctx, name, ttl+10*time.Second); err != nil {
+		thaw()
+		return fmt.Sprintf("%s not drained, not deleted", short), err
+	}
+	return s.deleteAndRedeclare(ctx, name, short, thaw, frozen, "")
+}
+
+// deleteDLQ reads the dead letters out of the DLQ (kept as in the DLQ),
+// deletes it and declares it again.
+func (s *soak) deleteDLQ(ctx context.Context) (string, error) {
+	name := s.topo.DLQ
+	short := "Q" + strings.TrimPrefix(name, s.queue)
+	s.awaitConsumers(ctx)
+	thaw := s.freezeWorkers()
+	frozen := time.Now()
+	movedNow := 0
+	for try := 0; ; try++ {
+		got, err := s.insp.readAll(name)
+		// Even after an error, what was read is kept: an unacked one comes
+		// back and counts as an extra copy.
+		s.faultMu.Lock()
+		s.moved = append(s.moved, got...)
+		s.faultMu.Unlock()
+		movedNow += len(got)
+		if err != nil {
+			thaw()
+			return fmt.Sprintf("%d dead letters read out, %s not deleted", movedNow, short), err
+		}
+		// The broker may still dead-letter into it (a delivery limit).
+		if s.awaitDrained(ctx, name, 2*time.Second) == nil {
+			break
+		}
+		if try == 5 {
+			thaw()
+			return fmt.Sprintf("%d dead letters read out, %s not deleted", movedNow, short), fmt.Errorf("%s does not stay empty", name)
+		}
+	}
+	return s.deleteAndRedeclare(ctx, name, short, thaw, frozen, fmt.Sprintf("%d dead letters read out and kept, ", movedNow))
+}
+
+// deleteAndRedeclare deletes the drained queue name, thaws the workers,
+// holds until a copy failed or maxFaultHoldSeconds, and declares the
+// topology again.
+func (s *soak) deleteAndRedeclare(ctx context.Context, name, short string, thaw func(), frozen time.Time, prefix string) (string, error) {
+	restoreCtx := context.WithoutCancel(ctx)
+	taken, err := s.insp.deleteQueue(name)
+	thaw()
+	frozenFor := time.Since(frozen)
+	if err != nil {
+		return fmt.Sprintf("%s%s not deleted", prefix, short), fmt.Errorf("%w (redeclare: %v)", err, s.redeclare(restoreCtx))
+	}
+	deleted := time.Now()
+	s.faultMu.Lock()
+	s.deleted++
+	s.taken += taken
+	s.faultMu.Unlock()
+	failedBefore := s.copiesFailed(ctx)
+	s.pause(ctx, s.hold(2, 3))
+	// Awaited, not slept: the hold ends once a copy to the missing queue
+	// came back (or at the bound, when none was routed there meanwhile).
+	_ = waitUntil(ctx, time.Until(deleted.Add(maxFaultHoldSeconds*time.Second)), func() bool {
+		return s.copiesFailed(ctx) > failedBefore
+	})
+	held := time.Since(deleted)
+	_, back, _ := s.insp.consumers(name)
+	err = s.redeclare(restoreCtx)
+	failed := s.copiesFailed(ctx) - failedBefore
+	again := "declared again"
+	if back {
+		again = "back by itself (a worker reconnected and declared it) before it was declared again"
+	}
+	detail := fmt.Sprintf("%sdeleted %s (%d messages taken, workers frozen %.1fs), %s %.1fs later; %d copy_failed meanwhile",
+		prefix, short, taken, frozenFor.Seconds(), again, held.Seconds(), failed)
+	if err == nil && taken > 0 {
+		err = fmt.Errorf("deleting %s took %d messages with it", name, taken)
+	}
+	return detail, err
+}
+
+// awaitConsumers waits (at most 30s) until every running worker consumes
+// the work queue.
+func (s *soak) awaitConsumers(ctx context.Context) {
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		n, _, err := s.insp.consumers(s.topo.Queue)
+		return err == nil && n >= s.running()
+	})
+}
+
+// redeclare declares the consumer's topology again, retrying while the
+// broker does not answer.
+func (s *soak) redeclare(ctx context.Context) error {
+	var last error
+	err := waitUntil(ctx, time.Minute, func() bool {
+		last = s.insp.declareTopology()
+		return last == nil
+	})
+	if err != nil {
+		return fmt.Errorf("declare the topology again: %w (last: %v)", err, last)
+	}
+	return nil
+}
+
+// awaitDrained waits until queue name is seen empty three times in a row,
+// 250ms apart.
+func (s *soak) awaitDrained(ctx context.Context, name string, timeout time.Duration) error {
+	empty := 0
+	return waitUntil(ctx, timeout, func() bool {
+		n, err := s.insp.depthOf(name)
+		if err != nil || n > 0 {
+			empty = 0
+			return false
+		}
+		empty++
+		return empty >= 3
+	})
+}
+
+// copiesFailed is the workers' count of copy_failed outcomes so far (best
+// effort: flushed four times a second).
+func (s *soak) copiesFailed(ctx context.Context) int64 {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	_ = s.pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM `+pgx.Identifier{s.schema}.Sanitize()+`.stats
+WHERE outcome = $1 OR starts_with(outcome, $1 || ':')`, "copy_failed").Scan(&n)
+	return n
 }

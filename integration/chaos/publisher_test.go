@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,15 @@ func (o op) message() amqp.Publishing {
 		h["Idempotency-Key"] = o.Key
 	} else {
 		msg.MessageId = o.Key
+	}
+	if o.TraceState > 0 {
+		// Optional headers a copy may drop to fit frame_max (no worker
+		// propagates trace context, so they travel as published).
+		h["traceparent"] = fmt.Sprintf("00-%032x-%016x-01", o.Index+1, o.Index+1)
+		h["tracestate"] = "chaos=" + strings.Repeat("t", o.TraceState-len("chaos="))
+	}
+	if o.HeaderPad > 0 {
+		h["x-chaos-pad"] = strings.Repeat("p", o.HeaderPad)
 	}
 	return msg
 }

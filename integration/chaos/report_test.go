@@ -13,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/outbox"
 )
 
 // report is what a soak found, computed at the end from the database and
@@ -27,6 +26,7 @@ type report struct {
 
 	Planned, Ops, Duplicates, Bursts, Flaky, SharedKeys, HeaderKeys int
 	ByKind                                                          map[string]int
+	FrameMax                                                        int
 	Confirmed, Republished, PublisherReconnects, Returned           int64
 
 	Processed, Rejected, DeadLetteredKeys, Lost int
@@ -34,14 +34,34 @@ type report struct {
 	Leased, Released, ReleasedNotPoison         int
 	Reservations                                int // sum of attempts: reservations and takeovers
 
-	OutboxRows, OutboxPending, OutboxParked, OutboxDoubled int
-	Forwarded, ForwardedIDs, ForwardCopies                 int
-	ForwardMissing, ForwardForeign, ForwardCorrupt         int
+	OutboxRows, OutboxWant, OutboxPending, OutboxParked, OutboxDoubled int
+	// ParkedVoid counts the parked rows of unroutable twins (expected),
+	// VoidReturns their returns; OutboxParked the other parked rows.
+	ParkedVoid, VoidReturns int
+	// MarkedUnarrived counts rows marked published whose message is not
+	// in the queue their route leads to (none, for an unroutable twin);
+	// RoutableReturned rows of a bound route booked as returned (a return
+	// matched to the wrong publish, such as the unroutable twin's).
+	MarkedUnarrived, RoutableReturned              int
+	Forwarded, ForwardedIDs, ForwardCopies         int
+	ForwardMissing, ForwardForeign, ForwardCorrupt int
+	TwinArrived, TwinCopies, TwinMissing           int
+	TwinForeign, VoidNotParked                     int
+
+	// Trimmed counts the near_frame_max ops processed from a trimmed copy,
+	// NotTrimmed those processed with their tracestate still on;
+	// TooLarge the at_frame_max ops dead-lettered headers_too_large.
+	Trimmed, NotTrimmed, TooLarge int
 
 	DLQMessages, DLQKeys, DLQCopies, DLQMissing, DLQUnexpected int
 	DLQByReason                                                map[string]int
 	DLQNoError                                                 int
 	WorkLeft, RetryLeft                                        int
+	// Moved counts the dead letters read out of the DLQ before a fault
+	// deleted it; QueuesDeleted the deletions, Taken the messages the
+	// broker deleted with the queues (0: every deletion found its queue
+	// empty).
+	Moved, QueuesDeleted, Taken int
 
 	Outcomes       map[string]int64
 	WorkerRestarts int
@@ -65,6 +85,7 @@ func (s *soak) verify(ctx context.Context) *report {
 		Workers: s.o.Workers, Conc: s.o.Concurrency,
 		Planned: s.plan.Total, Ops: len(s.plan.Ops), Duplicates: s.plan.Duplicates, Bursts: s.plan.Bursts,
 		Flaky: s.plan.Flaky, SharedKeys: s.plan.SharedKeys, HeaderKeys: s.plan.HeaderKeys, ByKind: s.plan.ByKind,
+		FrameMax:  s.plan.FrameMax,
 		Confirmed: s.pub.confirmed.Load(), Republished: s.pub.republished.Load(),
 		PublisherReconnects: s.pub.reconnects.Load(), Returned: s.pub.returned.Load(),
 		DLQByReason: map[string]int{}, Outcomes: map[string]int64{},
@@ -80,6 +101,8 @@ func (s *soak) verify(ctx context.Context) *report {
 	for _, f := range s.faults {
 		r.Faults = append(r.Faults, *f)
 	}
+	moved := slices.Clone(s.moved)
+	r.Moved, r.QueuesDeleted, r.Taken = len(s.moved), s.deleted, s.taken
 	s.faultMu.Unlock()
 	if r.Returned > 0 {
 		fail("%d publications came back unroutable", r.Returned)
@@ -122,7 +145,7 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 		}
 		if kr.state == "in_progress" {
 			r.Released++
-			if o := ops[k]; o == nil || !o.poison() {
+			if o := ops[k]; o == nil || o.deadLetterReason() == "" {
 				r.ReleasedNotPoison++
 			}
 		}
@@ -134,7 +157,8 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 
 	// Effects.
 	effects := map[scoped]int{}
-	rows, err = s.pool.Query(ctx, `SELECT tenant, key, count(*) FROM `+sch+`.ledger GROUP BY tenant, key`)
+	trimmed := map[scoped]bool{}
+	rows, err = s.pool.Query(ctx, `SELECT tenant, key, count(*), bool_and(trimmed) FROM `+sch+`.ledger GROUP BY tenant, key`)
 	if err != nil {
 		fail("read ledger: %v", err)
 		return r
@@ -142,66 +166,114 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	for rows.Next() {
 		var k scoped
 		var n int
-		if err := rows.Scan(&k.tenant, &k.key, &n); err != nil {
+		var trim bool
+		if err := rows.Scan(&k.tenant, &k.key, &n, &trim); err != nil {
 			fail("read ledger: %v", err)
 			return r
 		}
-		effects[k] = n
+		effects[k], trimmed[k] = n, trim
 		r.Effects += n
 		if n > 1 {
 			r.DoubledKeys++
 		}
-		if o := ops[k]; o == nil || o.Kind != kindOK {
+		if o := ops[k]; o == nil || !o.processed() {
 			r.StrayEffects += n
 		}
 	}
 
-	// Outbox rows.
-	outboxIDs := map[string]int{}
-	rows, err = s.pool.Query(ctx, `SELECT message_id, published_at IS NULL, parked_at IS NOT NULL FROM `+sch+`.outbox`)
+	// Outbox rows, by message_id and route: a twin op has two rows of
+	// one message_id.
+	type outboxRow struct {
+		n, returns        int
+		published, parked bool
+	}
+	outboxIDs := map[string]bool{}
+	outboxRows := map[[2]string]*outboxRow{}
+	rows, err = s.pool.Query(ctx, `SELECT message_id, routing_key, published_at IS NOT NULL, parked_at IS NOT NULL, returns FROM `+sch+`.outbox`)
 	if err != nil {
 		fail("read outbox: %v", err)
 		return r
 	}
 	for rows.Next() {
-		var id string
-		var pending, parked bool
-		if err := rows.Scan(&id, &pending, &parked); err != nil {
+		var id, route string
+		var w outboxRow
+		if err := rows.Scan(&id, &route, &w.published, &w.parked, &w.returns); err != nil {
 			fail("read outbox: %v", err)
 			return r
 		}
 		r.OutboxRows++
-		outboxIDs[id]++
-		if outboxIDs[id] == 2 {
-			r.OutboxDoubled++
+		outboxIDs[id] = true
+		if route != routeVoid && w.returns > 0 {
+			r.RoutableReturned++
 		}
-		if pending {
+		k := [2]string{id, route}
+		if prev := outboxRows[k]; prev != nil {
+			prev.n++
+			if prev.n == 2 {
+				r.OutboxDoubled++
+			}
+			continue
+		}
+		w.n = 1
+		outboxRows[k] = &w
+		switch {
+		case !w.published && !w.parked:
 			r.OutboxPending++
-		}
-		if parked {
+		case w.parked && route == routeVoid:
+			r.ParkedVoid++
+			r.VoidReturns += w.returns
+		case w.parked:
 			r.OutboxParked++
 		}
 	}
 
-	// The forwarded messages.
+	// The forwarded messages, on the output queue and the twin queue.
 	forwarded := map[string]int{}
 	out, err := s.insp.readAll(s.outQ)
 	if err != nil {
 		fail("read output queue: %v", err)
 	}
 	r.Forwarded = len(out)
+	corrupt := func(d amqp.Delivery) bool {
+		idx, ok := d.Headers["x-chaos-op"].(int64)
+		return !ok || idx < 0 || int(idx) >= len(s.plan.Ops) || !bytes.Equal(s.plan.Ops[idx].Body, d.Body)
+	}
 	for _, d := range out {
 		forwarded[d.MessageId]++
-		idx, ok := d.Headers["x-chaos-op"].(int64)
-		if !ok || idx < 0 || int(idx) >= len(s.plan.Ops) || !bytes.Equal(s.plan.Ops[idx].Body, d.Body) {
+		if corrupt(d) {
 			r.ForwardCorrupt++
 		}
 	}
 	r.ForwardedIDs = len(forwarded)
 	r.ForwardCopies = r.Forwarded - r.ForwardedIDs
 	for id := range forwarded {
-		if outboxIDs[id] == 0 {
+		if !outboxIDs[id] {
 			r.ForwardForeign++
+		}
+	}
+	twins := map[string]int{}
+	twinOut, err := s.insp.readAll(s.twinQ)
+	if err != nil {
+		fail("read twin queue: %v", err)
+	}
+	for _, d := range twinOut {
+		twins[d.MessageId]++
+		if corrupt(d) {
+			r.ForwardCorrupt++
+		}
+	}
+	r.TwinArrived = len(twins)
+	r.TwinCopies = len(twinOut) - len(twins)
+	// A row marked published must have arrived where its route leads.
+	arrived := map[string]map[string]int{routeForwarded: forwarded, routeTwin: twins}
+	for k, w := range outboxRows {
+		if w.published && arrived[k[1]][k[0]] == 0 {
+			r.MarkedUnarrived++
+		}
+	}
+	for id := range twins {
+		if outboxRows[[2]string{id, routeTwin}] == nil {
+			r.TwinForeign++
 		}
 	}
 
@@ -211,6 +283,7 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	if err != nil {
 		fail("read DLQ: %v", err)
 	}
+	dead = append(moved, dead...)
 	r.DLQMessages = len(dead)
 	for _, d := range dead {
 		reason := deadLetterReason(d.Headers)
@@ -222,7 +295,7 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 		key, _ := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
 		k := scoped{tenant, key}
 		dlqKeys[k]++
-		if o := ops[k]; o == nil || !o.poison() || reason != consumer.ReasonPermanentError {
+		if o := ops[k]; o == nil || o.deadLetterReason() == "" || reason != o.deadLetterReason() {
 			r.DLQUnexpected++
 		}
 	}
@@ -236,17 +309,36 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 		k := scoped{o.Tenant, o.Key}
 		kr := keys[k]
 		ok := true
-		switch o.Kind {
-		case kindOK:
-			id := outbox.MessageID(outbox.Claim{Consumer: consumerName, Tenant: o.Tenant, Key: o.Key}, 1)
+		switch {
+		case o.processed():
 			ok = kr.state == "completed" && kr.outcome == "ok" && effects[k] == 1
 			if ok {
 				r.Processed++
 			}
-			if outboxIDs[id] == 0 || forwarded[id] == 0 {
+			id := o.forwardedID(consumerName)
+			r.OutboxWant++
+			if outboxRows[[2]string{id, routeForwarded}] == nil || forwarded[id] == 0 {
 				r.ForwardMissing++
 			}
-		case kindReject:
+			switch o.Kind {
+			case kindTwin:
+				r.OutboxWant++
+				if outboxRows[[2]string{id, routeTwin}] == nil || twins[id] == 0 {
+					r.TwinMissing++
+				}
+			case kindTwinVoid:
+				r.OutboxWant++
+				if w := outboxRows[[2]string{id, routeVoid}]; w == nil || w.published || !w.parked || w.returns == 0 {
+					r.VoidNotParked++
+				}
+			case kindNearFrameMax:
+				if effects[k] > 0 && trimmed[k] {
+					r.Trimmed++
+				} else if effects[k] > 0 {
+					r.NotTrimmed++
+				}
+			}
+		case o.Kind == kindReject:
 			ok = kr.state == "completed" && kr.outcome == "rejected" && effects[k] == 0
 			if ok {
 				r.Rejected++
@@ -255,6 +347,9 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 			ok = kr.state != "completed" && effects[k] == 0 && dlqKeys[k] > 0
 			if ok {
 				r.DeadLetteredKeys++
+				if o.Kind == kindAtFrameMax {
+					r.TooLarge++
+				}
 			}
 			if dlqKeys[k] == 0 {
 				r.DLQMissing++
@@ -305,17 +400,35 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 		fail("%d keys that are not poison were left released, not completed", r.ReleasedNotPoison)
 	}
 	if r.OutboxPending > 0 || r.OutboxParked > 0 {
-		fail("outbox not drained: %d pending, %d parked", r.OutboxPending, r.OutboxParked)
+		fail("outbox not drained: %d pending, %d parked (not counting the unroutable twins)", r.OutboxPending, r.OutboxParked)
 	}
-	if r.OutboxRows != r.Processed || r.OutboxDoubled > 0 {
-		fail("outbox holds %d rows (%d ids twice) for %d processed ops", r.OutboxRows, r.OutboxDoubled, r.Processed)
+	if r.OutboxRows != r.OutboxWant || r.OutboxDoubled > 0 {
+		fail("outbox holds %d rows (%d twice for one message_id and route) for %d expected of the processed ops", r.OutboxRows, r.OutboxDoubled, r.OutboxWant)
+	}
+	if r.MarkedUnarrived > 0 {
+		fail("%d outbox rows marked published whose message never arrived (LOST by the relay)", r.MarkedUnarrived)
+	}
+	if r.RoutableReturned > 0 {
+		fail("%d outbox rows of a bound route were booked as returned", r.RoutableReturned)
 	}
 	if r.ForwardMissing > 0 || r.ForwardForeign > 0 || r.ForwardCorrupt > 0 {
 		fail("output queue: %d forwarded messages missing, %d with an unknown message_id, %d with a wrong body",
 			r.ForwardMissing, r.ForwardForeign, r.ForwardCorrupt)
 	}
+	if r.TwinMissing > 0 || r.TwinForeign > 0 {
+		fail("twin queue: %d twins missing, %d unknown", r.TwinMissing, r.TwinForeign)
+	}
+	if r.VoidNotParked > 0 {
+		fail("%d unroutable twins not kept and parked after their returns", r.VoidNotParked)
+	}
+	if r.NotTrimmed > 0 {
+		fail("%d near_frame_max ops were processed with their tracestate: their retry copy was not trimmed (has the consumer's retry budget changed?)", r.NotTrimmed)
+	}
+	if r.Taken > 0 {
+		fail("the faults' queue deletions took %d messages with them: a loss of the soak's own making, not idemq's (the workers were frozen and the queue looked empty)", r.Taken)
+	}
 	if r.DLQMissing > 0 || r.DLQUnexpected > 0 || r.DLQNoError > 0 {
-		fail("DLQ: %d poison ops missing, %d unexpected dead letters (by reason %v), %d without x-idemq-error",
+		fail("DLQ: %d dead-letter ops missing, %d unexpected dead letters (by reason %v), %d without x-idemq-error",
 			r.DLQMissing, r.DLQUnexpected, r.DLQByReason, r.DLQNoError)
 	}
 	if r.WorkLeft > 0 || r.RetryLeft > 0 {
@@ -353,22 +466,37 @@ func (r *report) String() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("idemq chaos soak %s — %s", r.RunID, verdict)
 	p("  run          seed %d, %s services, %d worker processes × %d handlers, %s", r.Seed, r.Services, r.Workers, r.Conc, r.Elapsed.Round(time.Second))
-	p("  messages     %d planned: %d ops (%d ok, %d reject, %d poison), %d duplicates (%d bursts of %d), %d flaky ops, %d keys shared by two tenants, %d keys in the header",
+	p("  messages     %d planned: %d ops (%d ok, %d reject, %d poison, %d twins, %d near and %d at frame_max), %d duplicates (%d bursts of %d), %d flaky ops, %d keys shared by two tenants, %d keys in the header",
 		r.Planned, r.Ops, r.ByKind[kindOK], r.ByKind[kindReject], r.ByKind[kindPoison]+r.ByKind[kindPoisonJSON],
+		r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.ByKind[kindNearFrameMax], r.ByKind[kindAtFrameMax],
 		r.Duplicates, r.Bursts, burstSize, r.Flaky, r.SharedKeys, r.HeaderKeys)
 	p("  published    %d confirmed (%d sent again after a broker fault, %d publisher reconnects, %d returned)",
 		r.Confirmed, r.Republished, r.PublisherReconnects, r.Returned)
 	p("  ops          %d processed, %d rejected, %d dead-lettered, %d LOST", r.Processed, r.Rejected, r.DeadLetteredKeys, r.Lost)
 	p("  effects      %d ledger rows for %d processed ops: %d keys DOUBLED, %d stray", r.Effects, r.Processed, r.DoubledKeys, r.StrayEffects)
-	p("  keys         %d reservations for %d ops (takeovers and retries), %d in progress under a lease, %d released (poison)",
+	p("  keys         %d reservations for %d ops (takeovers and retries), %d in progress under a lease, %d released (dead-lettered)",
 		r.Reservations, r.Ops, r.Leased, r.Released)
-	p("  outbox       %d rows, %d pending, %d parked", r.OutboxRows, r.OutboxPending, r.OutboxParked)
+	p("  outbox       %d rows (%d expected), %d pending, %d parked (+%d unroutable twins), %d marked published but never arrived, %d routable booked returned",
+		r.OutboxRows, r.OutboxWant, r.OutboxPending, r.OutboxParked, r.ParkedVoid, r.MarkedUnarrived, r.RoutableReturned)
 	p("  forwarded    %d messages, %d distinct message_ids (%d extra copies, same id), %d missing, %d foreign, %d corrupt",
 		r.Forwarded, r.ForwardedIDs, r.ForwardCopies, r.ForwardMissing, r.ForwardForeign, r.ForwardCorrupt)
-	p("  DLQ          %d messages, %d keys (%d extra copies), by reason %v; %d poison missing, %d unexpected",
-		r.DLQMessages, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
+	p("  twins        %d ops with two rows of one message_id: %d routable twins arrived (%d extra copies), %d missing, %d foreign; %d unroutable twins kept pending, then parked (%d returns in all), %d not parked",
+		r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.TwinArrived, r.TwinCopies, r.TwinMissing, r.TwinForeign,
+		r.ParkedVoid, r.VoidReturns, r.VoidNotParked)
+	p("  frame_max    %d bytes: %d ops %d bytes under it processed from a trimmed retry copy (%d not trimmed), %d ops at it (%d bytes under) dead-lettered %s",
+		r.FrameMax, r.Trimmed, nearFrameMaxMargin, r.NotTrimmed, r.TooLarge, atFrameMaxMargin, consumer.ReasonHeadersTooLarge)
+	p("  DLQ          %d messages (%d read out before a DLQ deletion), %d keys (%d extra copies), by reason %v; %d dead-letter ops missing, %d unexpected",
+		r.DLQMessages, r.Moved, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
 	p("  queues       %d left in the work queue, %d in the retry tiers", r.WorkLeft, r.RetryLeft)
 	p("  outcomes     %s (workers' counters, best effort)", sortedMap(r.Outcomes))
+	var copyFailed int64
+	for o, n := range r.Outcomes {
+		if o == string(consumer.OutcomeCopyFailed) || strings.HasPrefix(o, string(consumer.OutcomeCopyFailed)+":") {
+			copyFailed += n
+		}
+	}
+	p("  copies       %d %s (a retry or dead-letter copy not durable: the delivery went back to its queue); %d queues deleted by faults, %d messages taken with them",
+		copyFailed, consumer.OutcomeCopyFailed, r.QueuesDeleted, r.Taken)
 	p("  workers      %d restarts after SIGKILL", r.WorkerRestarts)
 
 	byKind := map[string][]faultRecord{}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -60,6 +61,7 @@ type soak struct {
 	queue   string
 	outX    string
 	outQ    string
+	twinQ   string
 	pool    *pgxpool.Pool
 	plan    plan
 	topo    consumer.Topology
@@ -76,6 +78,13 @@ type soak struct {
 	insp     *inspector
 	lastMove atomic.Int64 // unix nanos of the last progress
 	started  time.Time
+
+	// Under faultMu: moved holds the dead letters read out of the DLQ
+	// before a fault deleted it (they count as in the DLQ); deleted counts
+	// the queues the faults deleted, taken the messages those deletions
+	// took with them (0 unless a fault went wrong).
+	moved          []amqp.Delivery
+	deleted, taken int
 }
 
 // runSoak runs the whole soak and fails t on any loss or double.
@@ -88,14 +97,14 @@ func runSoak(t *testing.T, o soakOptions) {
 		// Leave time for the report and the cleanups before go test panics.
 		s.o.Timeout = max(time.Until(d)-2*time.Minute, time.Minute)
 	}
-	s.setup()
+	frameMax := s.setup()
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 	defer cancel()
 
-	s.plan = buildPlan(o.Messages, o.Seed)
-	t.Logf("soak %s: seed %d, %d messages (%d ops, %d duplicates, %d bursts of %d), %d workers × %d, services %s, logs in %s",
+	s.plan = buildPlan(o.Messages, o.Seed, frameMax)
+	t.Logf("soak %s: seed %d, %d messages (%d ops, %d duplicates, %d bursts of %d), frame_max %d, %d workers × %d, services %s, logs in %s",
 		s.runID, o.Seed, s.plan.Total, len(s.plan.Ops), s.plan.Duplicates, s.plan.Bursts, burstSize,
-		o.Workers, o.Concurrency, s.svc.mode, s.logDir)
+		frameMax, o.Workers, o.Concurrency, s.svc.mode, s.logDir)
 	s.lastMove.Store(time.Now().UnixNano())
 	for i := range o.Workers {
 		s.startWorker(i)
@@ -149,8 +158,8 @@ func runSoak(t *testing.T, o soakOptions) {
 }
 
 // setup starts the services and toxiproxy, migrates a fresh schema and
-// declares the queues.
-func (s *soak) setup() {
+// declares the queues. It returns the frame_max the broker negotiates.
+func (s *soak) setup() (frameMax int) {
 	t := s.t
 	s.svc = newServices(t)
 	dir, err := os.MkdirTemp("", "idemq-chaos-"+s.runID+"-")
@@ -196,9 +205,11 @@ func (s *soak) setup() {
 	_, err = s.pool.Exec(ctx, `
 -- The effect: one row per processed message. No unique constraint: the key
 -- store is what must prevent a double, and the soak counts any.
+-- trimmed: a near_frame_max op processed from a copy that dropped its tracestate.
 CREATE TABLE `+sch+`.ledger (
     tenant text NOT NULL, key text NOT NULL, op integer NOT NULL,
-    worker integer NOT NULL, attempt integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+    worker integer NOT NULL, attempt integer NOT NULL, trimmed boolean NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE `+sch+`.stats (
     incarnation text NOT NULL, outcome text NOT NULL, n bigint NOT NULL,
@@ -220,7 +231,7 @@ CREATE TABLE `+sch+`.stats (
 	})
 
 	s.queue = "idemq-chaos." + s.runID
-	s.outX, s.outQ = s.queue+".forwarded", s.queue+".forwarded.q"
+	s.outX, s.outQ, s.twinQ = s.queue+".forwarded", s.queue+".forwarded.q", s.queue+".twin.q"
 	s.workerT = workerConfig{
 		Name:        consumerName,
 		PostgresURL: withHostPort(s.svc.pgURL, pgProxy),
@@ -240,20 +251,21 @@ CREATE TABLE `+sch+`.stats (
 	if err := consumer.Apply(&ccfg); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}
-	s.insp = newInspector(s.svc.amqpURL, s.topo, s.outQ)
+	s.insp = newInspector(s.svc.amqpURL, s.topo, s.outQ, s.twinQ)
 	t.Cleanup(s.insp.close)
-	if err := s.insp.declareOutput(s.outX, s.outQ); err != nil {
+	if frameMax, err = s.insp.declareOutput(s.outX, s.outQ, s.twinQ); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			return // keep the queues for a look
 		}
-		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ}, s.tierNames()...)
+		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ, s.twinQ}, s.tierNames()...)
 		if err := s.insp.deleteAll(queues, []string{s.topo.DLX, s.outX}); err != nil {
 			t.Logf("soak: delete queues: %v", err)
 		}
 	})
+	return frameMax
 }
 
 func (s *soak) tierNames() []string {
@@ -298,6 +310,38 @@ func (s *soak) startWorker(i int) {
 		s.t.Fatalf("soak: %v", err)
 	}
 	s.workers[i] = w
+}
+
+// running is the number of worker processes running.
+func (s *soak) running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.workers {
+		if w != nil && !w.done() {
+			n++
+		}
+	}
+	return n
+}
+
+// freezeWorkers stops every running worker process (SIGSTOP) and returns
+// the function that lets them go on. Frozen, the workers publish nothing:
+// what a queue holds can only shrink.
+func (s *soak) freezeWorkers() (thaw func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var frozen []*workerProc
+	for _, w := range s.workers {
+		if w != nil && w.freeze() {
+			frozen = append(frozen, w)
+		}
+	}
+	return func() {
+		for _, w := range frozen {
+			w.thaw()
+		}
+	}
 }
 
 // stopWorkers drains and stops every worker.
@@ -394,7 +438,7 @@ func (s *soak) progress(ctx context.Context) (progressSignals, bool) {
 	sch := pgx.Identifier{s.schema}.Sanitize()
 	var completed, relayed, settled int64
 	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
-       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NOT NULL),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL),
        (SELECT coalesce(sum(n), 0) FROM `+sch+`.stats WHERE outcome IN ('processed', 'rejected', 'duplicate') OR outcome LIKE 'dead_lettered%')`,
 	).Scan(&completed, &relayed, &settled)
 	if err != nil {
@@ -404,7 +448,7 @@ func (s *soak) progress(ctx context.Context) (progressSignals, bool) {
 	if err != nil {
 		return progressSignals{}, false
 	}
-	work := completed + relayed + settled + int64(st.DLQ)
+	work := completed + relayed + settled + int64(st.DLQ+s.movedDeadLetters())
 	// Queue depths move both ways; weighted so that moves do not cancel out.
 	return progressSignals{work: work, any: work*7 + int64(st.Work+st.Retrying)*11 + s.pub.confirmed.Load()*13}, true
 }
@@ -424,26 +468,35 @@ func (s *soak) waitPublisher(ctx context.Context, done <-chan error) error {
 }
 
 // settled reports whether every op reached its end and nothing is left to
-// do: all completions, all poison in the DLQ, empty work queue and tiers,
-// drained outbox.
+// do: all completions, all dead letters in the DLQ, empty work queue and
+// tiers, drained outbox (every row published, but the unroutable twins,
+// which must be parked).
 func (s *soak) settled(ctx context.Context) bool {
 	if !s.pub.finished.Load() {
 		return false
 	}
-	want := s.plan.ByKind[kindOK] + s.plan.ByKind[kindReject]
-	poison := s.plan.ByKind[kindPoison] + s.plan.ByKind[kindPoisonJSON]
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	sch := pgx.Identifier{s.schema}.Sanitize()
-	var completed, pending, leased int
+	var completed, pending, parked, leased int
 	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
-       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL),
-       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now())`).Scan(&completed, &pending, &leased)
-	if err != nil || completed < want || pending > 0 || leased > 0 {
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL AND parked_at IS NULL),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE parked_at IS NOT NULL),
+       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now())`).Scan(&completed, &pending, &parked, &leased)
+	if err != nil || completed < s.plan.completedWant() || pending > 0 || parked < s.plan.ByKind[kindTwinVoid] || leased > 0 {
 		return false
 	}
 	st, err := s.insp.state()
-	return err == nil && st.Work == 0 && st.Retrying == 0 && st.DLQ >= poison && st.Output >= s.plan.ByKind[kindOK]
+	return err == nil && st.Work == 0 && st.Retrying == 0 && st.DLQ+s.movedDeadLetters() >= s.plan.deadLetterWant() &&
+		st.Output >= s.plan.processedWant() && st.Twin >= s.plan.ByKind[kindTwin]
+}
+
+// movedDeadLetters is how many dead letters were read out of the DLQ
+// before a fault deleted it.
+func (s *soak) movedDeadLetters() int {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return len(s.moved)
 }
 
 // quiet reports, with the workers stopped, whether the queues are empty and
@@ -483,15 +536,16 @@ func (s *soak) diagnose(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	sch := pgx.Identifier{s.schema}.Sanitize()
-	var completed, pending, leased, released int
+	var completed, pending, parked, leased, released int
 	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
-       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NULL AND parked_at IS NULL),
+       (SELECT count(*) FROM `+sch+`.outbox WHERE parked_at IS NOT NULL),
        (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until > now()),
-       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until <= now())`).Scan(&completed, &pending, &leased, &released)
+       (SELECT count(*) FROM `+sch+`.keys WHERE state = 'in_progress' AND locked_until <= now())`).Scan(&completed, &pending, &parked, &leased, &released)
 	st, qerr := s.insp.state()
-	return fmt.Sprintf("published %d/%d (done %v); keys completed %d of %d, leased %d, released %d; outbox pending %d; queues %+v (db err %v, broker err %v)",
-		s.pub.confirmed.Load(), s.plan.Total, s.pub.finished.Load(), completed, s.plan.ByKind[kindOK]+s.plan.ByKind[kindReject],
-		leased, released, pending, st, err, qerr)
+	return fmt.Sprintf("published %d/%d (done %v); keys completed %d of %d, leased %d, released %d; outbox pending %d, parked %d of %d; queues %+v, %d dead letters moved (db err %v, broker err %v)",
+		s.pub.confirmed.Load(), s.plan.Total, s.pub.finished.Load(), completed, s.plan.completedWant(),
+		leased, released, pending, parked, s.plan.ByKind[kindTwinVoid], st, s.movedDeadLetters(), err, qerr)
 }
 
 // logTails prints the end of every worker log, for a failed run.
@@ -542,6 +596,7 @@ type inspector struct {
 	url   string
 	topo  consumer.Topology
 	outQ  string
+	twinQ string
 	mu    sync.Mutex
 	conn  *amqp.Connection
 	ch    *amqp.Channel
@@ -550,11 +605,11 @@ type inspector struct {
 
 // queueState is a snapshot of the soak's queues (ready messages).
 type queueState struct {
-	Work, Retrying, DLQ, Output int
+	Work, Retrying, DLQ, Output, Twin int
 }
 
-func newInspector(url string, topo consumer.Topology, outQ string) *inspector {
-	in := &inspector{url: url, topo: topo, outQ: outQ}
+func newInspector(url string, topo consumer.Topology, outQ, twinQ string) *inspector {
+	in := &inspector{url: url, topo: topo, outQ: outQ, twinQ: twinQ}
 	for _, d := range topo.Delays {
 		in.tiers = append(in.tiers, topo.TierName(d))
 	}
@@ -619,25 +674,94 @@ func (in *inspector) state() (queueState, error) {
 	if st.Output, err = in.depth(ch, in.outQ); err != nil {
 		return st, err
 	}
+	if st.Twin, err = in.depth(ch, in.twinQ); err != nil {
+		return st, err
+	}
 	return st, nil
 }
 
-// declareOutput declares the exchange the workers forward to and the queue
-// bound to it, a quorum queue like the others.
-func (in *inspector) declareOutput(exchange, queue string) error {
+// depthOf is the number of ready messages in queue name.
+func (in *inspector) depthOf(name string) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, err
+	}
+	return in.depth(ch, name)
+}
+
+// consumers is the number of consumers of queue name, and whether it
+// exists at all.
+func (in *inspector) consumers(name string) (n int, exists bool, err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, false, err
+	}
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return q.Consumers, true, nil
+}
+
+// deleteQueue deletes queue name whatever it holds (quorum queues refuse
+// if-empty) and returns how many messages went with it.
+func (in *inspector) deleteQueue(name string) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, err
+	}
+	n, err := ch.QueueDelete(name, false, false, false)
+	if err != nil {
+		return 0, fmt.Errorf("delete %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// declareTopology declares the consumer's whole topology again, as the
+// workers do (Topology.Declare, idempotent).
+func (in *inspector) declareTopology() error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	ch, err := in.channel()
 	if err != nil {
 		return err
 	}
+	return in.topo.Declare(ch)
+}
+
+// declareOutput declares the exchange the workers forward to, the output
+// queue bound to it with routeForwarded and the twin queue with routeTwin,
+// quorum queues like the others (routeVoid is bound to nothing). It
+// returns the frame_max its connection negotiated.
+func (in *inspector) declareOutput(exchange, queue, twinQueue string) (frameMax int, err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ch, err := in.channel()
+	if err != nil {
+		return 0, err
+	}
 	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return err
+		return 0, err
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-		return err
+	for q, key := range map[string]string{queue: routeForwarded, twinQueue: routeTwin} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+			return 0, err
+		}
+		if err := ch.QueueBind(q, key, exchange, false, nil); err != nil {
+			return 0, err
+		}
 	}
-	return ch.QueueBind(queue, "forwarded", exchange, false, nil)
+	return in.conn.Config.FrameSize, nil
 }
 
 func (in *inspector) deleteAll(queues, exchanges []string) error {

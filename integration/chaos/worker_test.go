@@ -182,29 +182,50 @@ func (h *soakHandler) handle(ctx context.Context, tx pgx.Tx, d *consumer.Deliver
 	if p.Kind == kindPoison {
 		return consumer.Response{}, consumer.Permanent(fmt.Errorf("op %d is poison", p.Op))
 	}
+	if p.Kind == kindAtFrameMax {
+		// Always an infrastructure failure: its retry copy cannot fit, so
+		// it must be dead-lettered headers_too_large.
+		return consumer.Response{}, fmt.Errorf("op %d, attempt %d (at frame_max): %w", p.Op, d.Attempt, errInjected)
+	}
 	if d.Attempt <= p.FailFirst {
 		return consumer.Response{}, fmt.Errorf("op %d, attempt %d: %w", p.Op, d.Attempt, errInjected)
 	}
 	if p.Kind == kindReject {
 		return consumer.Response{}, consumer.Reject(402, "insufficient funds", []byte(`{"status":"declined"}`))
 	}
+	// A near_frame_max op comes back from its retry tier trimmed: the
+	// tracestate it was published with is gone.
+	_, hasTraceState := d.Headers["tracestate"]
+	trimmed := p.Kind == kindNearFrameMax && !hasTraceState
 	_, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{h.schema, "ledger"}.Sanitize()+
-		` (tenant, key, op, worker, attempt) VALUES ($1, $2, $3, $4, $5)`,
-		d.Tenant, d.Key, p.Op, h.worker, d.Attempt)
+		` (tenant, key, op, worker, attempt, trimmed) VALUES ($1, $2, $3, $4, $5, $6)`,
+		d.Tenant, d.Key, p.Op, h.worker, d.Attempt, trimmed)
 	if err != nil {
 		return consumer.Response{}, fmt.Errorf("insert ledger row: %w", err)
 	}
 	// No MessageID: the outbox derives it from the claim (consumer, tenant,
 	// key), the same on every retry; the soak checks it on the output queue.
-	err = outbox.Enqueue(ctx, tx, outbox.Message{
+	msg := outbox.Message{
 		Exchange:    h.out,
-		RoutingKey:  "forwarded",
+		RoutingKey:  routeForwarded,
 		Body:        d.Body,
 		ContentType: "application/json",
 		Headers:     amqp.Table{"x-chaos-op": int64(p.Op), "x-tenant-id": d.Tenant},
-	})
-	if err != nil {
+	}
+	// Twins: two rows, one explicit message_id, two routes, one of them
+	// unroutable for twin_void.
+	twin := twinRoute(p.Kind)
+	if twin != "" {
+		msg.MessageID = twinMessageID(p.Op)
+	}
+	if err := outbox.Enqueue(ctx, tx, msg); err != nil {
 		return consumer.Response{}, fmt.Errorf("forward: %w", err)
+	}
+	if twin != "" {
+		msg.RoutingKey = twin
+		if err := outbox.Enqueue(ctx, tx, msg); err != nil {
+			return consumer.Response{}, fmt.Errorf("forward twin: %w", err)
+		}
 	}
 	return consumer.Response{Code: 201}, nil
 }
@@ -344,6 +365,14 @@ func (w *workerProc) kill() {
 	<-w.exited
 	_ = w.stdin.Close()
 }
+
+// freeze stops the process (SIGSTOP) until thaw: it publishes nothing
+// meanwhile. It reports whether the process was stopped.
+func (w *workerProc) freeze() bool {
+	return !w.done() && w.cmd.Process.Signal(syscall.SIGSTOP) == nil
+}
+
+func (w *workerProc) thaw() { _ = w.cmd.Process.Signal(syscall.SIGCONT) }
 
 // stop asks the worker to drain and exit, and kills it after grace. It
 // reports whether it stopped cleanly by itself.
