@@ -281,19 +281,22 @@ func (s *soak) tierNames() []string {
 func (s *soak) workerPrefix() string { return "idemq-chaos-" + s.runID + "-w" }
 
 // startWorker starts worker i (again). Workers differ in how they commit:
-// one delivery at a time, group commit with savepoints, optimistic groups.
+// one delivery at a time, group commit with savepoints, a batch handler,
+// optimistic groups (the short soak's three workers run the first three).
 func (s *soak) startWorker(i int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	wc := s.workerT
 	wc.Index = i
 	wc.AppName = fmt.Sprintf("%s%d", s.workerPrefix(), i)
-	switch i % 3 {
+	switch i % 4 {
 	case 0:
 		wc.GroupSize = 1
 	case 1:
 		wc.GroupSize = 8
 	case 2:
+		wc.GroupSize, wc.Batch = 16, true
+	case 3:
 		wc.GroupSize, wc.Optimistic = 8, true
 	}
 	for len(s.workers) <= i {

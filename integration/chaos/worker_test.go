@@ -47,8 +47,10 @@ type workerConfig struct {
 	Concurrency int    `json:"concurrency"`
 	GroupSize   int    `json:"group_size"`
 	Optimistic  bool   `json:"optimistic"`
-	LeaseMS     int    `json:"lease_ms"`
-	MaxAttempts int    `json:"max_attempts"`
+	// Batch runs the handler as a BatchHandler (consumer.NewBatch).
+	Batch       bool `json:"batch"`
+	LeaseMS     int  `json:"lease_ms"`
+	MaxAttempts int  `json:"max_attempts"`
 }
 
 // consumerConfig is the configuration every worker of the soak shares.
@@ -113,7 +115,12 @@ func work(ctx context.Context, wc workerConfig, log *slog.Logger) error {
 	cfg.Logger = log
 	cfg.OnOutcome = st.add
 	h := &soakHandler{schema: wc.Schema, out: wc.OutExchange, worker: wc.Index}
-	cons, err := consumer.New(store, h.handle, &cfg)
+	var cons *consumer.Consumer
+	if wc.Batch {
+		cons, err = consumer.NewBatch(store, batchOf(h.handle), &cfg)
+	} else {
+		cons, err = consumer.New(store, h.handle, &cfg)
+	}
 	if err != nil {
 		return err
 	}
@@ -129,7 +136,7 @@ func work(ctx context.Context, wc workerConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	log.Info("worker started", "group_size", wc.GroupSize, "optimistic", wc.Optimistic)
+	log.Info("worker started", "group_size", wc.GroupSize, "optimistic", wc.Optimistic, "batch", wc.Batch)
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	wg.Go(func() { errs[0] = cons.Run(ctx) })
@@ -386,5 +393,22 @@ func (w *workerProc) stop(grace time.Duration) bool {
 	case <-time.After(grace):
 		w.kill()
 		return false
+	}
+}
+
+// batchOf runs a per-message handler over a batch in the batch's
+// transaction: any failure fails the batch, which the runtime then runs
+// one delivery at a time.
+func batchOf(h consumer.Handler) consumer.BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {
+		out := make([]consumer.Response, len(ds))
+		for i, d := range ds {
+			r, err := h(ctx, tx, d)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+		}
+		return out, nil
 	}
 }
