@@ -9,6 +9,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -136,6 +137,10 @@ type scenario struct {
 	optimistic bool
 	// reserveInTx: a batch consumer with BatchReserveInTx.
 	reserveInTx bool
+	// concurrency and linger, when set, replace the run's concurrency and
+	// the default linger (the shape of the reference consumer).
+	concurrency int
+	linger      time.Duration
 	// work is benchref's e2e -work, or the Watermill peer's --dedup.
 	work string
 	// Publishing side: queue kind, relay batch, ratio group, bare row.
@@ -215,6 +220,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
 		scenario{name: "idemq batch 100, reserved in its tx", mode: modeBatch, groupSize: 100, reserveInTx: true},
+		scenario{name: "idemq batch 100 in tx, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, reserveInTx: true, concurrency: 2, linger: 5 * time.Millisecond},
 		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	)
@@ -605,8 +611,8 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	}
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Queue: queue,
-		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx}
+		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
+		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx, Linger: sc.linger}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error

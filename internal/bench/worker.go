@@ -59,6 +59,7 @@ type workerSpec struct {
 	GroupSize   int           `json:"group_size"`
 	Optimistic  bool          `json:"optimistic"`
 	ReserveInTx bool          `json:"reserve_in_tx"`
+	Linger      time.Duration `json:"linger,omitempty"`
 	// Publishing side: the queue published to, the body size, the
 	// publisher's confirm window, the relay's batch size.
 	Target    string `json:"target,omitempty"`
@@ -256,6 +257,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 			sentMu.Unlock()
 		}
 	}
+	cfg.GroupLinger = spec.Linger
 	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
 		cfg.GroupLinger, _ = time.ParseDuration(v)
 	}
