@@ -123,7 +123,7 @@ type published struct {
 // reports whether it claimed a full batch (more may be waiting). A
 // *brokerError means the session broke; the transaction then rolls back and
 // the rows stay pending.
-func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err error) {
+func (r *Relay) relayBatch(ctx context.Context, s *session, l *lane) (full bool, err error) {
 	// The batch runs to its end even when ctx ends (that is the drain), but
 	// within a bound.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout+30*time.Second)
@@ -136,7 +136,7 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
 
 	limit := r.cfg.BatchSize
-	if r.isolate > 0 {
+	if l.isolate > 0 {
 		limit = 1
 	}
 	rows, claimed, cut, err := r.claim(bctx, tx, limit)
@@ -146,10 +146,10 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	// Rows skipped for their ordering key's lock do not count: another
 	// relay is publishing that key; wait to be woken rather than spin.
 	full = (claimed == limit || cut) && len(rows) > 0
-	if r.isolate > 0 {
-		r.isolate = max(r.isolate-1, 0)
+	if l.isolate > 0 {
+		l.isolate = max(l.isolate-1, 0)
 		if claimed == 0 {
-			r.isolate = 0
+			l.isolate = 0
 		}
 	}
 	if len(rows) == 0 {
@@ -167,8 +167,9 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 	}
 	if err != nil {
 		endSpans(pubs, err)
-		_ = tx.Rollback(bctx)
-		r.suspect(bctx, s, pubs)
+		// The batch's rows stay locked while suspect looks: another lane
+		// cannot take a poison row before its failure is recorded.
+		r.suspect(bctx, s, l, tx, pubs)
 		return false, err
 	}
 	if err := r.record(bctx, tx, pubs); err != nil {
@@ -196,7 +197,7 @@ func (r *Relay) relayBatch(ctx context.Context, s *session) (full bool, err erro
 // shutdown), a row of the batch may be the cause, a property the broker
 // refuses. A batch of several rows makes the relay publish the next ones one
 // at a time; a batch of one row is that row's fault, recorded like a return.
-func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
+func (r *Relay) suspect(ctx context.Context, s *session, l *lane, tx pgx.Tx, pubs []*published) {
 	select {
 	case <-s.dead:
 	case <-time.After(time.Second):
@@ -207,7 +208,7 @@ func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
 		return
 	}
 	if len(pubs) > 1 {
-		r.isolate = len(pubs)
+		l.isolate = len(pubs)
 		r.log.Warn("outbox relay: the broker closed the channel during a batch; publishing one row at a time to find the cause",
 			"rows", len(pubs), "code", ae.Code, "reason", ae.Reason)
 		return
@@ -218,7 +219,10 @@ func (r *Relay) suspect(ctx context.Context, s *session, pubs []*published) {
 	p := pubs[0]
 	p.result = refused
 	p.reason = fmt.Sprintf("the broker closed the channel: %d %s", ae.Code, ae.Reason)
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return r.record(ctx, tx, pubs) })
+	err := r.record(ctx, tx, pubs)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
 	if err != nil {
 		r.log.Warn("outbox relay cannot record a failed row", "id", p.row.id, "error", err)
 		return

@@ -39,9 +39,6 @@ type Relay struct {
 	inst   instruments
 
 	running atomic.Bool
-	// isolate is how many more rows to publish one per batch, after the
-	// broker closed the channel during a batch (see suspect). Run's goroutine only.
-	isolate int
 	counts  struct {
 		published, returned, nacked, timedOut, parked, reconnects atomic.Int64
 	}
@@ -120,17 +117,32 @@ func (r *Relay) Run(ctx context.Context) error {
 	unregister := r.registerGauges()
 	defer unregister()
 
-	wake := make(chan struct{}, 1)
+	lanes := make([]*lane, r.cfg.Lanes)
+	for i := range lanes {
+		lanes[i] = &lane{wake: make(chan struct{}, 1)}
+	}
 	var wg sync.WaitGroup
 	if !r.cfg.NoNotify {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.listen(ctx, wake)
-		}()
+		wg.Go(func() { r.listen(ctx, lanes) })
 	}
-	defer wg.Wait()
+	for _, l := range lanes {
+		wg.Go(func() { r.runLane(ctx, l) })
+	}
+	wg.Wait()
+	return nil
+}
 
+// lane is one batch in flight at a time, on a broker session of its own.
+type lane struct {
+	wake chan struct{} // a NOTIFY came: look for rows
+	// isolate is how many more rows to publish one per batch, after the
+	// broker closed the channel during a batch (see suspect).
+	isolate int
+}
+
+// runLane relays batches on one lane until ctx ends, reconnecting with
+// backoff.
+func (r *Relay) runLane(ctx context.Context, l *lane) {
 	bo := r.reconnectBackoff()
 	for ctx.Err() == nil {
 		s, err := r.connect(ctx)
@@ -145,7 +157,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		served, err := r.serve(ctx, s, wake)
+		served, err := r.serve(ctx, s, l)
 		s.close()
 		if err == nil || ctx.Err() != nil {
 			break
@@ -159,7 +171,6 @@ func (r *Relay) Run(ctx context.Context) error {
 			break
 		}
 	}
-	return nil
 }
 
 func (r *Relay) reconnected(ctx context.Context) {
@@ -178,12 +189,12 @@ func (r *Relay) reconnectBackoff() *backoff.ExponentialBackOff {
 
 // serve runs batches on one broker session until ctx ends (nil) or the
 // session breaks (its error). served reports that a batch got through.
-func (r *Relay) serve(ctx context.Context, s *session, wake <-chan struct{}) (served bool, err error) {
+func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, err error) {
 	dbBackoff := r.reconnectBackoff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	for ctx.Err() == nil {
-		full, err := r.relayBatch(ctx, s)
+		full, err := r.relayBatch(ctx, s, l)
 		var be *brokerError
 		switch {
 		case errors.As(err, &be):
@@ -209,7 +220,7 @@ func (r *Relay) serve(ctx context.Context, s *session, wake <-chan struct{}) (se
 		poll.Reset(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
-		case <-wake:
+		case <-l.wake:
 		case <-poll.C:
 		case <-s.dead:
 			return served, s.deathErr()
@@ -231,13 +242,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // listen keeps a dedicated connection LISTENing on the outbox's channel and
-// signals wake for every notification (and after every reconnect, in case
-// one was missed), until ctx ends.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+// wakes every lane for every notification (and after every reconnect, in
+// case one was missed), until ctx ends.
+func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
+		for _, l := range lanes {
+			select {
+			case l.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 	bo := r.reconnectBackoff()

@@ -18,11 +18,13 @@ import (
 
 // Defaults used where a RelayConfig leaves a field zero.
 const (
-	DefaultBatchSize         = 100
-	DefaultMaxBatchBytes     = 16 << 20 // 16 MiB
-	DefaultPollInterval      = time.Second
-	DefaultConfirmTimeout    = 10 * time.Second
-	DefaultMaxReturns        = 5
+	DefaultBatchSize      = 100
+	DefaultMaxBatchBytes  = 16 << 20 // 16 MiB
+	DefaultPollInterval   = time.Second
+	DefaultConfirmTimeout = 10 * time.Second
+	DefaultMaxReturns     = 5
+	// DefaultLanes is the default RelayConfig.Lanes.
+	DefaultLanes             = 2
 	DefaultRetryInitial      = time.Second
 	DefaultRetryMax          = 5 * time.Minute
 	DefaultReconnectInitial  = 100 * time.Millisecond
@@ -46,6 +48,12 @@ type RelayConfig struct {
 	Dial DialFunc
 	// BatchSize is the most rows claimed, published and confirmed together. Default 100.
 	BatchSize int
+	// Lanes is how many batches are in flight at once: each lane claims,
+	// publishes, waits for the confirms of and marks its own batch, on a
+	// broker connection of its own, while the others do the same (rows are
+	// claimed with SKIP LOCKED, so two lanes never take one row; ordering keys
+	// keep their order as with several relays). Default 2.
+	Lanes int
 	// MaxBatchBytes bounds the body bytes of one batch, which the relay
 	// holds in memory until its confirms: rows are taken in id order until
 	// the next body would go over it; a row larger than the bound still goes
@@ -89,6 +97,7 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
 	out.ConnectionName = cmp.Or(out.ConnectionName, DefaultConnectionName)
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
+	out.Lanes = cmp.Or(out.Lanes, DefaultLanes)
 	out.MaxBatchBytes = cmp.Or(out.MaxBatchBytes, DefaultMaxBatchBytes)
 	out.PollInterval = cmp.Or(out.PollInterval, DefaultPollInterval)
 	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, DefaultConfirmTimeout)
@@ -106,6 +115,9 @@ func (c RelayConfig) validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("batch size %d: want 1 to 10000", c.BatchSize)
+	}
+	if c.Lanes < 1 || c.Lanes > 64 {
+		return fmt.Errorf("lanes %d: want 1 to 64", c.Lanes)
 	}
 	if c.MaxBatchBytes < 0 {
 		return fmt.Errorf("max batch bytes %d must not be negative", c.MaxBatchBytes)

@@ -104,6 +104,10 @@ func New(store *dedup.Store, cfg Config) (*Stage, error) {
 	s.log = cfg.Consumer.Logger.With("stage", "forward", "queue", cfg.Consumer.Queue, "consumer", cfg.Consumer.Name, "to_exchange", cfg.Exchange)
 
 	ccfg := cfg.Consumer
+	// The stage's handler writes only its outbox row, in the transaction:
+	// exactly what optimistic groups are for (no savepoint per message; a
+	// group that fails runs again isolated, and its rows count once).
+	ccfg.GroupOptimistic = true
 	next := ccfg.OnOutcome
 	ccfg.OnOutcome = func(ev consumer.Event) {
 		s.mu.Lock()
