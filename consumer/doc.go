@@ -44,12 +44,19 @@
 // signature verifies; on any other delivery they are removed, and the
 // delivery is a first attempt with its own tenant and routing key.
 //
-// # Modes
+// # One pipeline, four modes
 //
-// By default a worker commits groups of waiting deliveries together, each
-// handler under its own savepoint (GroupSize). GroupOptimistic drops the
-// savepoints; NewBatch takes a BatchHandler that handles a whole group in one
-// call. A failing message never fails its batch-mates.
+// Every delivery goes through one pipeline: a collector forms groups
+// (GroupSize, GroupLinger) for Concurrency executors; a group's keys are
+// reserved with one statement; its handlers run in one transaction under
+// one heartbeat that cancels exactly the handlers whose lease was lost; each
+// delivery is then settled. By default each handler runs under its own
+// savepoint; GroupSize 1 is one transaction per message; GroupOptimistic
+// drops the savepoints; NewBatch takes a BatchHandler that handles a whole
+// group in one call (BatchReserveInTx reserves its keys in that same
+// transaction). A failing message never fails its group-mates. In every
+// mode HandlerTimeout bounds one call of user code, and the transaction a
+// handler gets refuses Commit and Rollback (ErrHandlerTx).
 //
 // # Connections
 //
