@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -25,50 +26,14 @@ func alwaysFails(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response
 // unacked: the consumer is stopped first, so all are ready).
 func (h *harness) queueHolds(name string, n int, timeout time.Duration) {
 	h.t.Helper()
-	ch, err := h.conn.Channel()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer ch.Close()
-	deadline := time.Now().Add(timeout)
-	for {
-		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-		if err != nil {
-			h.t.Fatalf("inspect %s: %v", name, err)
-		}
-		if q.Messages == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("%s holds %d messages after %s, want %d", name, q.Messages, timeout, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	h.waitQueue(name, timeout, fmt.Sprintf("%d messages", n), func(q amqp.Queue) bool { return q.Messages == n })
 }
 
 // waitConsumers waits until the work queue has n consumers (their topology
 // declared).
 func (h *harness) waitConsumers(n int, timeout time.Duration) {
 	h.t.Helper()
-	ch, err := h.conn.Channel()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer ch.Close()
-	deadline := time.Now().Add(timeout)
-	for {
-		q, err := ch.QueueDeclarePassive(h.cfg.Queue, true, false, false, false, nil)
-		if err != nil {
-			h.t.Fatalf("inspect %s: %v", h.cfg.Queue, err)
-		}
-		if q.Consumers >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("%s has %d consumers after %s, want %d", h.cfg.Queue, q.Consumers, timeout, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	h.waitQueue(h.cfg.Queue, timeout, fmt.Sprintf("%d consumers", n), func(q amqp.Queue) bool { return q.Consumers >= n })
 }
 
 func copyFailures(evs []consumer.Event, target error) int {

@@ -233,6 +233,14 @@ func (h *harness) drainDLQ() []amqp.Delivery {
 // waitDLQ waits until the DLQ holds n messages and returns them.
 func (h *harness) waitDLQ(n int, timeout time.Duration) []amqp.Delivery {
 	h.t.Helper()
+	h.waitQueue(h.cfg.Queue+".dlq", timeout, fmt.Sprintf("%d dead letters", n), func(q amqp.Queue) bool { return q.Messages >= n })
+	return h.drainDLQ()
+}
+
+// waitQueue polls the named queue until cond holds of it, and fails the
+// test after timeout.
+func (h *harness) waitQueue(name string, timeout time.Duration, what string, cond func(amqp.Queue) bool) {
+	h.t.Helper()
 	ch, err := h.conn.Channel()
 	if err != nil {
 		h.t.Fatal(err)
@@ -240,17 +248,17 @@ func (h *harness) waitDLQ(n int, timeout time.Duration) []amqp.Delivery {
 	defer ch.Close()
 	deadline := time.Now().Add(timeout)
 	for {
-		q, err := ch.QueueDeclarePassive(h.cfg.Queue+".dlq", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 		if err != nil {
-			h.t.Fatal(err)
+			h.t.Fatalf("inspect %s: %v", name, err)
 		}
-		if q.Messages >= n {
-			return h.drainDLQ()
+		if cond(q) {
+			return
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("DLQ holds %d messages after %s, want %d", q.Messages, timeout, n)
+			h.t.Fatalf("%s after %s: %d messages, %d consumers; want %s", name, timeout, q.Messages, q.Consumers, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
