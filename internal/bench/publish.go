@@ -17,7 +17,6 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/forward"
 	"github.com/idemq/idemq/outbox"
 )
@@ -402,21 +401,12 @@ func runPipe(ctx context.Context, spec workerSpec) (workerResult, error) {
 func runForward(ctx context.Context, spec workerSpec) (workerResult, error) {
 	t := newTally(spec.Count)
 	t.start()
-	pcfg, err := pgxpool.ParseConfig(spec.PostgresURL)
+	// Sized as `idemq forward` sizes its pool.
+	store, closePool, err := openStore(ctx, spec, 2*spec.Concurrency+4)
 	if err != nil {
 		return workerResult{}, err
 	}
-	// As `idemq forward` sizes it.
-	pcfg.MaxConns = int32(2*spec.Concurrency + 4)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return workerResult{}, err
-	}
-	defer pool.Close()
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: spec.Schema})
-	if err != nil {
-		return workerResult{}, err
-	}
+	defer closePool()
 	stage, err := forward.New(store, forward.Config{
 		Consumer: consumer.Config{
 			URL: spec.AMQPURL, Queue: spec.Queue, Name: "bench", SkipDeclare: true,

@@ -211,21 +211,32 @@ func runBare(ctx context.Context, spec workerSpec) (workerResult, error) {
 	return t.result(), nil
 }
 
-func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
+// openStore opens a pool of maxConns connections and the key store of
+// spec's schema on it; close closes the pool.
+func openStore(ctx context.Context, spec workerSpec, maxConns int) (store *dedup.Store, close func(), err error) {
 	pcfg, err := pgxpool.ParseConfig(spec.PostgresURL)
 	if err != nil {
-		return workerResult{}, err
+		return nil, nil, err
 	}
-	pcfg.MaxConns = int32(2*spec.Concurrency + 2)
+	pcfg.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return workerResult{}, err
+		return nil, nil, err
 	}
-	defer pool.Close()
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: spec.Schema})
+	store, err = dedup.NewStore(pool, &dedup.Config{Schema: spec.Schema})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}
+
+func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
+	store, closePool, err := openStore(ctx, spec, 2*spec.Concurrency+2)
 	if err != nil {
 		return workerResult{}, err
 	}
+	defer closePool()
 	t := newTally(spec.Count)
 	ledger := pgx.Identifier{spec.Schema, "ledger"}.Sanitize()
 	effect := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {

@@ -2,7 +2,6 @@ package testdb
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -67,17 +65,7 @@ func (p *Proxy) Pool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
 	cfg.ConnConfig.Fallbacks = nil
 	cfg.MaxConns = maxConns
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		tb.Fatalf("testdb: Postgres is not reachable through the proxy: %v", err)
-	}
-	tb.Cleanup(pool.Close)
-	return pool
+	return open(tb, cfg, "Postgres is not reachable through the proxy")
 }
 
 // BlackHoleOn arms a trip wire: the first chunk a client sends that contains

@@ -39,6 +39,13 @@ func Pool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	return open(tb, cfg, "Postgres is not reachable (run `make up`, or set IDEMQ_TEST_POSTGRES_URL)")
+}
+
+// open opens a pool with cfg, checks that Postgres answers (else it fails
+// the test with unreachable), and closes the pool when the test ends.
+func open(tb testing.TB, cfg *pgxpool.Config, unreachable string) *pgxpool.Pool {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -46,7 +53,7 @@ func Pool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 		err = pool.Ping(ctx)
 	}
 	if err != nil {
-		tb.Fatalf("testdb: Postgres is not reachable (run `make up`, or set IDEMQ_TEST_POSTGRES_URL): %v", err)
+		tb.Fatalf("testdb: %s: %v", unreachable, err)
 	}
 	tb.Cleanup(pool.Close)
 	return pool
