@@ -32,9 +32,12 @@ func newRelayStatements(schema string) relayStatements {
 		// unread, until the batch ends. A row with an ordering key is
 		// eligible only while no older row of its key is pending (published
 		// or parked ones do not block), so one relay holds at most the head
-		// of a key. Each row carries how many were locked.
+		// of a key. Each row carries how many were locked. The counters
+		// (attempts, returns) come from the locking scan, which sees the row
+		// as locked: the outer join reads the statement's snapshot, which may
+		// predate another relay's commit of the same row.
 		claim: `WITH locked AS MATERIALIZED (
-    SELECT o.id, octet_length(o.body) AS size
+    SELECT o.id, octet_length(o.body) AS size, o.attempts, o.returns
     FROM ` + t + ` o
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.available_at <= now()
       AND (o.ordering_key IS NULL OR NOT EXISTS (
@@ -45,14 +48,14 @@ func newRelayStatements(schema string) relayStatements {
     LIMIT $1
     FOR UPDATE OF o SKIP LOCKED
 ), cut AS (
-    SELECT id, count(*) OVER () AS locked, row_number() OVER w AS n, sum(size) OVER w AS upto
+    SELECT id, attempts, returns, count(*) OVER () AS locked, row_number() OVER w AS n, sum(size) OVER w AS upto
     FROM locked
     WINDOW w AS (ORDER BY id)
 )
 SELECT o.id, o.exchange, o.routing_key, o.headers_amqp, o.headers_jsonb, o.body, o.content_type,
     o.content_encoding, o.delivery_mode, o.priority, o.correlation_id, o.reply_to,
     o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''),
-    coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), o.attempts, o.returns, o.created_at,
+    coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), c.attempts, c.returns, o.created_at,
     c.locked
 FROM cut c JOIN ` + t + ` o ON o.id = c.id
 WHERE c.n = 1 OR c.upto <= $2
