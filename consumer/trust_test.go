@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/dlq"
 	hdr "github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
 )
@@ -310,49 +308,6 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 		cfg.HeaderKeys = [][]byte{newKey, []byte("too short")}
 		if _, err := consumer.New(h.store, h.ledgerEffect, &cfg); err == nil || strings.Contains(err.Error(), "too short") {
 			t.Fatalf("New with a 9-byte key: %v, want an error that does not quote the key", err)
-		}
-	})
-}
-
-// TestReplayedDeadLetterKeepsItsTenant: alice's message is dead-lettered
-// (permanent error), then replayed by `idemq dlq replay`'s code, which holds
-// no header key. The replayed copy still verifies: it is handled as alice's
-// (same key scope), as a first attempt, once.
-func TestReplayedDeadLetterKeepsItsTenant(t *testing.T) {
-	forEachMode(t, func(t *testing.T, m mode) {
-		h := newHarness(t, m, func(c *consumer.Config) { c.TenantFromUserID = true })
-		alice, aliceURL := testamqp.AddUser(t, "alice")
-		aliceCh := testamqp.Channel(t, testamqp.DialURL(t, aliceURL))
-		var calls atomic.Int64
-		var mu sync.Mutex
-		var seen []string
-		h.start(1, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-			mu.Lock()
-			seen = append(seen, fmt.Sprintf("%s/%d", d.Tenant, d.Attempt))
-			mu.Unlock()
-			if calls.Add(1) == 1 {
-				return consumer.Response{}, consumer.Permanent(errors.New("not yet"))
-			}
-			return h.ledgerEffect(ctx, tx, d)
-		})
-		testamqp.Publish(t, aliceCh, "", h.cfg.Queue, amqp.Publishing{MessageId: "replayed-op", UserId: alice, Body: []byte(`{}`)})
-		h.waitEvents(30*time.Second, "the dead letter", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
-
-		res, err := dlq.Replay(context.Background(), h.conn, dlq.ReplayOptions{Queue: dlq.Name(h.cfg.Queue), Target: h.cfg.Queue})
-		if err != nil || res.Replayed != 1 {
-			t.Fatalf("replay: %+v, %v", res, err)
-		}
-		evs := h.waitEvents(30*time.Second, "the replayed copy", func(evs []consumer.Event) bool { return finals(evs) >= 2 })
-		if last := evs[len(evs)-1]; last.Outcome != consumer.OutcomeProcessed || last.Tenant != alice {
-			t.Fatalf("replayed copy: %s under tenant %q, want processed under %q", last.Outcome, last.Tenant, alice)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if want := []string{alice + "/1", alice + "/1"}; fmt.Sprint(seen) != fmt.Sprint(want) {
-			t.Fatalf("the handler saw tenant/attempt %v, want %v", seen, want)
-		}
-		if eff := h.effects(); eff["replayed-op"] != 1 {
-			t.Fatalf("effects %v, want one", eff)
 		}
 	})
 }

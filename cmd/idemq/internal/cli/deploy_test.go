@@ -96,7 +96,7 @@ func TestDockerComposeRunsTheBinaryAsItIs(t *testing.T) {
 			Environment map[string]any `yaml:"environment"`
 		} `yaml:"services"`
 	}
-	b, err := os.ReadFile("../../deploy/docker-compose.yml")
+	b, err := os.ReadFile("../../../../deploy/docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ type k8sObject struct {
 
 func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("../../deploy/k8s/*.yaml")
+	files, err := filepath.Glob("../../../../deploy/k8s/*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
 	}
@@ -235,7 +235,7 @@ func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 
 func TestDockerfileBuildsTheBinary(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../deploy/Dockerfile")
+	b, err := os.ReadFile("../../../../deploy/Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,8 +32,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/telemetry"
 	"github.com/idemq/idemq/internal/redact"
-	"github.com/idemq/idemq/internal/telemetry"
 )
 
 // Exit codes of Main.
@@ -52,7 +52,7 @@ const (
 )
 
 // Version is the idemq version, set at build time with
-// -ldflags "-X github.com/idemq/idemq/internal/cli.Version=v1.2.3".
+// -ldflags "-X github.com/idemq/idemq/cmd/idemq/internal/cli.Version=v1.2.3".
 var Version = "dev"
 
 // Main runs the idemq command line with args (without the program name) and

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/idemq/idemq/internal/dlq"
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 )
 
 func (a *app) dlqCommand() *cobra.Command {

@@ -5,8 +5,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/forward"
 )
 
 func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {

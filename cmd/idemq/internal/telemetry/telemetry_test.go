@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/goleak"
 
-	"github.com/idemq/idemq/internal/telemetry"
+	"github.com/idemq/idemq/cmd/idemq/internal/telemetry"
 )
 
 func TestMain(m *testing.M) {

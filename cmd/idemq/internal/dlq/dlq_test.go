@@ -10,8 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/dlq"
 	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
 )

@@ -1,4 +1,4 @@
-package integration
+package telemetry_test
 
 import (
 	"context"
@@ -20,10 +20,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/telemetry"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/telemetry"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -33,7 +34,7 @@ import (
 // names that exist.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	service := "idemq-it-metrics-" + testdb.RandomHex(4)
 	tel, err := telemetry.Setup(context.Background(), telemetry.Options{
 		ServiceName: service, MetricsAddr: "127.0.0.1:0", NoGlobal: true,
@@ -50,21 +51,21 @@ func TestMetrics(t *testing.T) {
 	})
 	scrape := func() map[string]*dto.MetricFamily { return scrapeMetrics(t, "http://"+tel.MetricsAddr()+"/metrics") }
 
-	cfg, events := e.consumerConfig("it.metrics", "metered")
+	cfg, events := e.ConsumerConfig("it.metrics", "metered")
 	cfg.MeterProvider = tel.MeterProvider()
 	sink := testamqp.Name(t, "it.metrics.sink")
 	testamqp.DeleteQueuesAtCleanup(t, []string{sink}, nil)
-	if _, err := e.pub.QueueDeclare(sink, true, false, false, false, nil); err != nil {
+	if _, err := e.Pub.QueueDeclare(sink, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	missing := testamqp.Name(t, "it.metrics.missing-exchange")
-	ob, err := outbox.New(&outbox.Config{Schema: e.schema})
+	ob, err := outbox.New(&outbox.Config{Schema: e.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Every processed message enqueues two outbox messages: one the relay
 	// publishes, one to an exchange that does not exist, which stays pending.
-	e.run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		switch {
 		case strings.HasPrefix(d.Key, "perm-"):
 			return consumer.Response{}, consumer.Permanent(errors.New("undecodable"))
@@ -76,25 +77,25 @@ func TestMetrics(t *testing.T) {
 		}
 		return consumer.Response{}, ob.Enqueue(ctx, tx, outbox.Message{Exchange: missing, Body: d.Body})
 	})
-	relayConn := "idemq-test-relay-" + e.schema
-	relay, err := outbox.NewRelay(e.pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.schema, MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
+	relayConn := "idemq-test-relay-" + e.Schema
+	relay, err := outbox.NewRelay(e.Pool, testamqp.URL(), &outbox.RelayConfig{
+		Schema: e.Schema, MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
 		ConnectionName: relayConn, RetryInitial: 10 * time.Minute, RetryMax: 10 * time.Minute, Logger: cfg.Logger,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.runFunc(relay.Run)
+	e.RunFunc(relay.Run)
 
 	for _, key := range []string{"ok-1", "ok-2", "ok-3", "perm-1", "flaky-1", ""} {
-		e.publish(cfg.Queue, key, `{"n":1}`, nil)
+		e.Publish(cfg.Queue, key, `{"n":1}`, nil)
 	}
 	got := map[consumer.Outcome]int{}
 	for range 7 { // 3 ok, 1 permanent, flaky retried then processed, no key
-		got[waitEvent(t, events).Outcome]++
+		got[testenv.WaitEvent(t, events).Outcome]++
 	}
-	e.publish(cfg.Queue, "ok-1", `{"n":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeDuplicate)
+	e.Publish(cfg.Queue, "ok-1", `{"n":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
 	want := map[consumer.Outcome]int{
 		consumer.OutcomeProcessed: 4, consumer.OutcomeDeadLettered: 1, consumer.OutcomeRetried: 1, consumer.OutcomeInvalidKey: 1,
 	}
@@ -164,18 +165,18 @@ func TestMetrics(t *testing.T) {
 	if n := testamqp.CloseConnections(t, cfg.ConnectionName) + testamqp.CloseConnections(t, relayConn); n < 2 {
 		t.Fatalf("closed %d connections, want the consumer's and the relay's", n)
 	}
-	outboxLabels := map[string]string{"idemq_schema": e.schema}
-	poll(t, 60*time.Second, func(context.Context) bool {
+	outboxLabels := map[string]string{"idemq_schema": e.Schema}
+	testenv.Poll(t, 60*time.Second, func(context.Context) bool {
 		fams = scrape()
 		c, _ := sampleValue(fams, "idemq_consumer_reconnects_total", queue)
 		r, _ := sampleValue(fams, "idemq_outbox_reconnects_total", outboxLabels)
 		return c >= 1 && r >= 1
 	}, func() string { return "no reconnect counted for the consumer and the relay" })
-	e.publish(cfg.Queue, "ok-4", `{"n":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "ok-4", `{"n":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 
 	// The outbox: 5 messages published, 5 pending (their exchange is missing).
-	poll(t, 60*time.Second, func(context.Context) bool {
+	testenv.Poll(t, 60*time.Second, func(context.Context) bool {
 		fams = scrape()
 		pub, _ := sampleValue(fams, "idemq_outbox_published_total", outboxLabels)
 		pending, _ := sampleValue(fams, "idemq_outbox_pending", outboxLabels)
@@ -272,7 +273,7 @@ var promName = regexp.MustCompile(`\bidemq_[a-z0-9_]+(?:\{|\[)`)
 // (histogram series _bucket, _sum and _count folded into their family).
 func dashboardMetrics(tb testing.TB) []string {
 	tb.Helper()
-	raw, err := os.ReadFile("../deploy/grafana/idemq-dashboard.json")
+	raw, err := os.ReadFile("../../../../deploy/grafana/idemq-dashboard.json")
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 )
 
 // instrumentation names the demo's tracer.
-const instrumentation = "github.com/idemq/idemq/internal/demo"
+const instrumentation = "github.com/idemq/idemq/cmd/idemq/internal/demo"
 
 // confirmWindow is how many publications may await their confirm at once.
 const confirmWindow = 256

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemq/idemq/internal/bench"
-	"github.com/idemq/idemq/internal/demo"
+	"github.com/idemq/idemq/cmd/idemq/internal/bench"
+	"github.com/idemq/idemq/cmd/idemq/internal/demo"
 )
 
 func (a *app) demoCommand() *cobra.Command {
