@@ -31,7 +31,7 @@ func Fit(msg *amqp.Publishing, frameMax int) bool {
 			return true
 		}
 	}
-	text, _ := msg.Headers[HeaderError].(string)
+	text, _ := String(msg.Headers[HeaderError])
 	for n := len(text) / 2; text != ""; n /= 2 {
 		text = Truncate(text, n)
 		if n == 0 {
