@@ -68,8 +68,8 @@ FUZZTIME ?= 10s
 # About 5 s per target on this machine.
 TEST_FUZZTIME ?= 20000x
 FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
-	consumer:FuzzExtractKey consumer:FuzzExtractTenant consumer:FuzzParseAttempt \
-	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders \
+	internal/wire:FuzzExtractKey internal/wire:FuzzExtractTenant internal/wire:FuzzParseAttempt \
+	internal/wire:FuzzDeadLetterHeaders consumer:FuzzTraceContext \
 	internal/fieldtable:FuzzRoundTrip
 
 fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter header parsing and the field-table codec, FUZZTIME (10s) each

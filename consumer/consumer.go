@@ -18,8 +18,8 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
-	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // instrumentation is the name of the tracer and meter.
@@ -54,7 +54,7 @@ type Consumer struct {
 	inFlight     atomic.Int64
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
-	keys header.Keys
+	keys wire.Keys
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -94,7 +94,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	topo := NewTopology(&c)
-	if horizon, retention := topo.Horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
+	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
 		if !c.AllowShortRetention {
 			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
 		}

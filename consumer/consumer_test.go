@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 func TestConcurrentCopiesHaveOneEffect(t *testing.T) {
@@ -131,16 +132,18 @@ func TestEveryOutcome(t *testing.T) {
 		dlq := h.waitDLQ(7, 10*time.Second)
 		reasons := map[string]int{}
 		for _, d := range dlq {
-			r := header(d, consumer.HeaderReason)
+			// Read as idemq dlq list reads it.
+			l := wire.ReadLetter(&d)
+			r := l.Reason
 			reasons[r]++
-			if header(d, consumer.HeaderError) == "" || header(d, consumer.HeaderFirstSeen) == "" || header(d, consumer.HeaderAttempts) == "" {
+			if l.ByBroker || l.Error == "" || l.FirstSeen == "" || l.Attempts == 0 {
 				t.Errorf("dead letter %s lacks headers: %v", r, d.Headers)
 			}
-			if header(d, consumer.HeaderOriginalRouting) != h.cfg.Queue {
-				t.Errorf("dead letter %s: original routing key %q", r, header(d, consumer.HeaderOriginalRouting))
+			if l.OriginalRoutingKey != h.cfg.Queue {
+				t.Errorf("dead letter %s: original routing key %q", r, l.OriginalRoutingKey)
 			}
-			if r == consumer.ReasonMaxAttemptsExceeded && header(d, consumer.HeaderAttempts) != "3" {
-				t.Errorf("max attempts dead letter: attempts %s", header(d, consumer.HeaderAttempts))
+			if r == consumer.ReasonMaxAttemptsExceeded && l.Attempts != 3 {
+				t.Errorf("max attempts dead letter: attempts %d", l.Attempts)
 			}
 			if r == consumer.ReasonPermanentError && (d.MessageId != "permanent-1" || string(d.Body) != `{"amount":"x"}`) {
 				t.Errorf("permanent dead letter lost its message id or body: %q %q", d.MessageId, d.Body)
@@ -330,7 +333,7 @@ func TestNonStringKeyHeaderIsInvalid(t *testing.T) {
 		if len(dl) != 1 {
 			t.Fatalf("%d dead letters, want 1", len(dl))
 		}
-		if r := header(dl[0], consumer.HeaderReason); r != consumer.ReasonKeyInvalid {
+		if r := wire.ReadLetter(&dl[0]).Reason; r != consumer.ReasonKeyInvalid {
 			t.Fatalf("dead letter reason %q, want %s", r, consumer.ReasonKeyInvalid)
 		}
 	})

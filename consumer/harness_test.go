@@ -262,17 +262,6 @@ func (h *harness) waitQueue(name string, timeout time.Duration, what string, con
 	}
 }
 
-func header(d amqp.Delivery, name string) string {
-	switch v := d.Headers[name].(type) {
-	case string:
-		return v
-	case nil:
-		return ""
-	default:
-		return fmt.Sprint(v)
-	}
-}
-
 var errInfra = errors.New("database of the card network is down")
 
 func keyOf(i int, prefix string) string { return fmt.Sprintf("%s-%05d", strings.TrimSpace(prefix), i) }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // instrumentationName names the relay's tracer and meter.
@@ -150,7 +151,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 			if ctx.Err() != nil {
 				break
 			}
-			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redactErr(err))
+			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
 			r.reconnected(ctx)
 			if !sleepCtx(ctx, bo.NextBackOff()) {
 				break
@@ -165,7 +166,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 		if served {
 			bo.Reset()
 		}
-		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redactErr(err))
+		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redact.Error(err))
 		r.reconnected(ctx)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			break
@@ -404,13 +405,4 @@ func (s *session) exchangeExists(name string) (bool, error) {
 		return false, nil
 	}
 	return false, &brokerError{fmt.Errorf("check exchange: %w", err)}
-}
-
-// redactErr keeps broker errors free of connection URLs: amqp091-go's dial
-// errors carry only addresses, but a caller's Dial function may wrap more.
-func redactErr(err error) string {
-	if err == nil {
-		return ""
-	}
-	return redactURLs(err.Error())
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,7 +29,7 @@ func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 	cfg.MinConns = 0
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redactDSN(a.postgresURL), cause(err, a.connectTimeout))
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*a.connectTimeout)
 	defer cancel()
@@ -40,7 +38,7 @@ func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redactDSN(a.postgresURL), cause(err, a.connectTimeout))
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
 	}
 	return pool, nil
 }
@@ -123,15 +121,4 @@ func cause(err error, timeout time.Duration) string {
 			return redact.Error(inner)
 		}
 	}
-}
-
-// dsnPassword matches a password in a key=value connection string.
-var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// redactDSN hides the credentials of a Postgres URL or key=value string.
-func redactDSN(s string) string {
-	if strings.Contains(s, "://") {
-		return redact.URL(s)
-	}
-	return dsnPassword.ReplaceAllString(s, "${1}xxxxx")
 }

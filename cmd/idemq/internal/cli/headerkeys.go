@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/idemq/idemq/internal/header"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // headerKeysEnv is the fallback of --header-keys-file.
@@ -45,8 +45,8 @@ func (a *app) headerKeys(path string) ([][]byte, error) {
 		if err != nil {
 			return nil, usagef("%s %s, line %d: not a hex key", flag, path, i+1)
 		}
-		if len(k) < header.MinKeyLen {
-			return nil, usagef("%s %s, line %d: a key of %d bytes, want at least %d (openssl rand -hex 32)", flag, path, i+1, len(k), header.MinKeyLen)
+		if len(k) < wire.MinKeyLen {
+			return nil, usagef("%s %s, line %d: a key of %d bytes, want at least %d (openssl rand -hex 32)", flag, path, i+1, len(k), wire.MinKeyLen)
 		}
 		keys = append(keys, k)
 	}

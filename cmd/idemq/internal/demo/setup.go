@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // hintUp is appended to connection errors.
@@ -253,27 +254,11 @@ func (in *inspector) deadLetters() (count map[string]int, ids map[string][]strin
 		if !ok {
 			break
 		}
-		reason := deadLetterReason(d.Headers)
+		reason := wire.ReadLetter(&d).Label()
 		count[reason]++
 		ids[reason] = append(ids[reason], d.MessageId)
 	}
 	return count, ids, nil
-}
-
-// deadLetterReason is x-idemq-reason, or the broker's own reason (x-death)
-// for a message the broker dead-lettered itself (the delivery limit).
-func deadLetterReason(h amqp.Table) string {
-	if r, ok := h[consumer.HeaderReason].(string); ok && r != "" {
-		return r
-	}
-	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		if t, ok := deaths[0].(amqp.Table); ok {
-			if r, ok := t["reason"].(string); ok {
-				return "broker:" + r
-			}
-		}
-	}
-	return "unknown"
 }
 
 var errNotSettled = errors.New("not every message settled")

@@ -19,149 +19,31 @@
 //
 // # Reasons
 //
-// A dead letter's reason is its x-idemq-reason header, written by the idemq
-// consumer, else for a message the broker dead-lettered itself (the work
-// queue's x-delivery-limit, a TTL, a length limit) the reason of the latest
-// x-death entry: delivery_limit, expired, maxlen or rejected.
+// What a dead letter says, and the copy that replays it, are idemq's wire
+// format (internal/wire: ReadLetter, ReplayCopy): a dead letter's reason is
+// its x-idemq-reason header, written by the idemq consumer, else for a
+// message the broker dead-lettered itself (the work queue's
+// x-delivery-limit, a TTL, a length limit) the reason of the latest x-death
+// entry: delivery_limit, expired, maxlen or rejected.
 package dlq
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // DefaultConfirmTimeout bounds the wait for the broker's confirm of one copy.
 const DefaultConfirmTimeout = 30 * time.Second
 
-// ReasonUnknown is the reason of a message that carries none.
-const ReasonUnknown = "unknown"
-
 // Name returns the DLQ of work queue q.
 func Name(q string) string { return q + ".dlq" }
-
-// Letter describes one dead letter.
-type Letter struct {
-	MessageID string `json:"message_id"`
-	// Reason is x-idemq-reason, else the latest x-death reason, else ReasonUnknown.
-	Reason string `json:"reason"`
-	// ByBroker reports that the broker dead-lettered the message itself
-	// (the reason comes from x-death).
-	ByBroker bool `json:"by_broker"`
-	// Attempts is x-idemq-attempts: how many times the message was handled.
-	Attempts int `json:"attempts,omitempty"`
-	// FirstSeen is x-idemq-first-seen: when idemq first saw the message.
-	FirstSeen string `json:"first_seen,omitempty"`
-	// Error is x-idemq-error: the failure's text, truncated.
-	Error string `json:"error,omitempty"`
-	// OriginalExchange and OriginalRoutingKey say where the message was first
-	// published (x-idemq-original-*, else the latest x-death entry).
-	OriginalExchange   string `json:"original_exchange"`
-	OriginalRoutingKey string `json:"original_routing_key"`
-	// DeathCount is the count of the latest x-death entry (broker dead-lettering).
-	DeathCount  int64     `json:"death_count,omitempty"`
-	ContentType string    `json:"content_type,omitempty"`
-	BodySize    int       `json:"body_size"`
-	Timestamp   time.Time `json:"timestamp,omitzero"`
-}
-
-// Parse reads the dead-letter metadata of d.
-func Parse(d *amqp.Delivery) Letter {
-	h := d.Headers
-	l := Letter{
-		MessageID:   d.MessageId,
-		Attempts:    int(headerInt(h[consumer.HeaderAttempts])),
-		FirstSeen:   headerString(h[consumer.HeaderFirstSeen]),
-		Error:       headerString(h[consumer.HeaderError]),
-		ContentType: d.ContentType,
-		BodySize:    len(d.Body),
-		Timestamp:   d.Timestamp,
-	}
-	l.Reason = headerString(h[consumer.HeaderReason])
-	l.OriginalExchange = headerString(h[consumer.HeaderOriginalExchange])
-	l.OriginalRoutingKey = headerString(h[consumer.HeaderOriginalRouting])
-	_, hasOrigin := h[consumer.HeaderOriginalExchange]
-	if death, ok := latestDeath(h); ok {
-		if l.Reason == "" {
-			l.Reason = headerString(death["reason"])
-			l.ByBroker = l.Reason != ""
-			l.DeathCount = headerInt(death["count"])
-		}
-		if !hasOrigin {
-			l.OriginalExchange = headerString(death["exchange"])
-			if keys, ok := death["routing-keys"].([]any); ok && len(keys) > 0 {
-				l.OriginalRoutingKey = headerString(keys[0])
-			}
-		}
-	}
-	if l.Reason == "" {
-		for _, k := range []string{"x-last-death-reason", "x-first-death-reason"} {
-			if r := headerString(h[k]); r != "" {
-				l.Reason, l.ByBroker = r, true
-				break
-			}
-		}
-	}
-	if l.Reason == "" {
-		l.Reason = ReasonUnknown
-	}
-	return l
-}
-
-// latestDeath is the first (most recent) entry of x-death.
-func latestDeath(h amqp.Table) (amqp.Table, bool) {
-	deaths, ok := h["x-death"].([]any)
-	if !ok || len(deaths) == 0 {
-		return nil, false
-	}
-	t, ok := deaths[0].(amqp.Table)
-	return t, ok
-}
-
-func headerString(v any) string {
-	switch s := v.(type) {
-	case string:
-		return s
-	case []byte:
-		return string(s)
-	}
-	return ""
-}
-
-func headerInt(v any) int64 {
-	switch n := v.(type) {
-	case int8:
-		return int64(n)
-	case int16:
-		return int64(n)
-	case int32:
-		return int64(n)
-	case int64:
-		return n
-	case int:
-		return int64(n)
-	case uint8:
-		return int64(n)
-	case uint16:
-		return int64(n)
-	case uint32:
-		return int64(n)
-	case float64:
-		return int64(n)
-	case string:
-		i, _ := strconv.ParseInt(n, 10, 64)
-		return i
-	}
-	return 0
-}
 
 // ListResult is what List saw.
 type ListResult struct {
@@ -169,7 +51,7 @@ type ListResult struct {
 	// InQueue is the number of ready messages in the DLQ when List started.
 	InQueue int `json:"in_queue"`
 	// Letters are the messages read, in queue order.
-	Letters []Letter `json:"letters"`
+	Letters []wire.Letter `json:"letters"`
 	// ByReason counts the letters read by reason.
 	ByReason map[string]int `json:"by_reason"`
 }
@@ -199,7 +81,7 @@ func inspect(conn *amqp.Connection, queue string) (int, error) {
 // List reads up to limit (0: all) dead letters of queue without removing
 // any: every message read goes back to the queue when List returns.
 func List(ctx context.Context, conn *amqp.Connection, queue string, limit int) (ListResult, error) {
-	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []Letter{}}
+	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []wire.Letter{}}
 	n, err := inspect(conn, queue)
 	if err != nil {
 		return res, err
@@ -225,7 +107,7 @@ func List(ctx context.Context, conn *amqp.Connection, queue string, limit int) (
 		if !ok {
 			break
 		}
-		l := Parse(&d)
+		l := wire.ReadLetter(&d)
 		res.Letters = append(res.Letters, l)
 		res.ByReason[l.Reason]++
 	}
@@ -270,14 +152,9 @@ type ReplayResult struct {
 // Replay moves dead letters back to their work queue: for each message of
 // the DLQ that matches the reason, it publishes a copy to the work queue
 // with publisher confirms and mandatory routing, and acks the dead letter
-// only after the copy is confirmed. The copy keeps the body, the properties,
-// message_id and the headers, except x-idemq-reason, x-idemq-error,
-// x-idemq-attempts and x-delivery-count, which it drops. It keeps idemq's
-// signed headers as they are, so that their signature still verifies and
-// the consumer keeps the tenant and the original exchange and routing key:
-// idemq dead-letters with x-idemq-attempt 1 (a full retry budget); a retry
-// copy the broker dead-lettered itself keeps its attempt; an unsigned dead
-// letter is a first attempt anyway.
+// only after the copy is confirmed. The copy is wire.ReplayCopy: the
+// dead-letter description dropped, idemq's signed headers kept as they are
+// (so that the consumer still trusts the tenant, the origin and the attempt).
 //
 // When ctx ends Replay stops after the message in hand (its copy confirmed
 // and acked, or left in the DLQ) and returns the counts with Interrupted set
@@ -328,7 +205,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 			break
 		}
 		res.Read++
-		l := Parse(&d)
+		l := wire.ReadLetter(&d)
 		if opts.Reason != "" && l.Reason != opts.Reason {
 			res.Skipped++ // left unacked: back to the DLQ when the channel closes
 		} else {
@@ -351,7 +228,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 func replayOne(pub *confirm.Publisher, d *amqp.Delivery, opts ReplayOptions) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.ConfirmTimeout)
 	defer cancel()
-	err := pub.PublishWait(ctx, "", opts.Target, Copy(d))
+	err := pub.PublishWait(ctx, "", opts.Target, wire.ReplayCopy(d))
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("copy to %s not confirmed within %s; its dead letter stays in %s", opts.Target, opts.ConfirmTimeout, opts.Queue)
@@ -366,31 +243,4 @@ func replayOne(pub *confirm.Publisher, d *amqp.Delivery, opts ReplayOptions) err
 		return fmt.Errorf("ack dead letter after its copy was confirmed (the message is now in both queues): %w", err)
 	}
 	return nil
-}
-
-// Copy returns the publishing that replays d to its work queue.
-func Copy(d *amqp.Delivery) amqp.Publishing {
-	h := maps.Clone(d.Headers)
-	if h == nil {
-		h = amqp.Table{}
-	}
-	for _, k := range []string{consumer.HeaderReason, consumer.HeaderError, consumer.HeaderAttempts, "x-delivery-count"} {
-		delete(h, k)
-	}
-	return amqp.Publishing{
-		Headers:         h,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		Expiration:      d.Expiration,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		UserId:          d.UserId,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
 }

@@ -11,9 +11,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
-	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 func TestMain(m *testing.M) {
@@ -25,83 +24,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-func TestParse(t *testing.T) {
-	idemq := &amqp.Delivery{MessageId: "k", Body: []byte("xy"), Headers: amqp.Table{
-		consumer.HeaderReason:           "idempotency_key_reuse",
-		consumer.HeaderError:            "key reused",
-		consumer.HeaderAttempts:         int32(2),
-		consumer.HeaderFirstSeen:        "2026-01-01T00:00:00Z",
-		consumer.HeaderOriginalExchange: "in",
-		consumer.HeaderOriginalRouting:  "orders",
-		// Tier round trips leave x-death entries: the idemq reason wins.
-		"x-death": []any{amqp.Table{"reason": "expired", "queue": "q.retry.1s", "count": int64(1)}},
-	}}
-	l := dlq.Parse(idemq)
-	if l.Reason != "idempotency_key_reuse" || l.ByBroker || l.Attempts != 2 || l.Error != "key reused" ||
-		l.OriginalExchange != "in" || l.OriginalRoutingKey != "orders" || l.BodySize != 2 || l.MessageID != "k" {
-		t.Errorf("idemq dead letter: %+v", l)
-	}
-
-	broker := &amqp.Delivery{MessageId: "k2", Headers: amqp.Table{
-		"x-death": []any{
-			amqp.Table{"reason": "delivery_limit", "queue": "q", "exchange": "", "routing-keys": []any{"q"}, "count": int64(1)},
-			amqp.Table{"reason": "expired", "queue": "q.retry.1s", "exchange": "", "routing-keys": []any{"q.retry.1s"}, "count": int64(3)},
-		},
-		"x-first-death-reason": "expired",
-	}}
-	l = dlq.Parse(broker)
-	if l.Reason != "delivery_limit" || !l.ByBroker || l.DeathCount != 1 || l.OriginalRoutingKey != "q" {
-		t.Errorf("broker dead letter: %+v", l)
-	}
-
-	if l = dlq.Parse(&amqp.Delivery{}); l.Reason != dlq.ReasonUnknown {
-		t.Errorf("no reason: %+v", l)
-	}
-}
-
-func TestCopyDropsTheReason(t *testing.T) {
-	d := &amqp.Delivery{MessageId: "k", Body: []byte("b"), ContentType: "text/plain", CorrelationId: "c", Headers: amqp.Table{
-		consumer.HeaderReason:    "max_attempts_exceeded",
-		consumer.HeaderError:     "boom",
-		consumer.HeaderAttempts:  int32(5),
-		consumer.HeaderAttempt:   int32(1),
-		consumer.HeaderFirstSeen: "t0",
-		"x-delivery-count":       int64(3),
-		"x-custom":               "kept",
-	}}
-	p := dlq.Copy(d)
-	if p.MessageId != "k" || string(p.Body) != "b" || p.ContentType != "text/plain" || p.CorrelationId != "c" || p.DeliveryMode != amqp.Persistent {
-		t.Errorf("properties: %+v", p)
-	}
-	want := amqp.Table{consumer.HeaderAttempt: int32(1), consumer.HeaderFirstSeen: "t0", "x-custom": "kept"}
-	if fmt.Sprint(p.Headers) != fmt.Sprint(want) {
-		t.Errorf("headers %v, want %v", p.Headers, want)
-	}
-	if d.Headers[consumer.HeaderReason] == nil {
-		t.Error("the dead letter's headers were modified")
-	}
-}
-
-// TestCopyKeepsTheSignature: the replayed copy of a signed dead letter
-// still verifies, so that the consumer trusts its tenant and original
-// routing key: idemq's own dead letters (x-idemq-attempt 1) and a retry copy
-// the broker dead-lettered itself (x-delivery-limit) with its attempt.
-func TestCopyKeepsTheSignature(t *testing.T) {
-	keys := header.Keys{{Secret: []byte("a header key of sixteen bytes or more")}}
-	for _, attempt := range []int32{1, 3} {
-		h := amqp.Table{
-			consumer.HeaderAttempt: attempt, consumer.HeaderTenant: "alice", consumer.HeaderOriginalRouting: "orders.created",
-			consumer.HeaderOriginalExchange: "orders", consumer.HeaderFirstSeen: "t0",
-		}
-		keys.Sign(h, "k", []byte("b"), time.Now())
-		h[consumer.HeaderReason], h[consumer.HeaderError], h[consumer.HeaderAttempts] = "permanent_error", "boom", attempt
-		p := dlq.Copy(&amqp.Delivery{MessageId: "k", Body: []byte("b"), Headers: h})
-		if !keys.Verify(p.Headers, p.MessageId, p.Body) {
-			t.Errorf("attempt %d: the replayed copy's signature does not verify: %v", attempt, p.Headers)
-		}
-	}
 }
 
 // setup declares a work queue and its DLQ and fills the DLQ with n dead
@@ -121,7 +43,7 @@ func setup(t *testing.T, n int) (*amqp.Connection, string) {
 		reason := []string{"idempotency_key_reuse", "permanent_error"}[i%2]
 		testamqp.Publish(t, ch, "", dlq.Name(q), amqp.Publishing{
 			MessageId: fmt.Sprintf("m-%d", i), Body: []byte("x"),
-			Headers: amqp.Table{consumer.HeaderReason: reason, consumer.HeaderAttempt: int32(3)},
+			Headers: amqp.Table{wire.HeaderReason: reason, wire.HeaderAttempt: int32(3)},
 		})
 	}
 	return conn, q
@@ -205,7 +127,7 @@ func TestReplayStopsAfterTheMessageInHand(t *testing.T) {
 		t.Fatalf("get: %v %v", ok, err)
 	}
 	// The attempt is left as it was (signed headers must stay intact).
-	if d.Headers[consumer.HeaderAttempt] != int32(3) || d.Headers[consumer.HeaderReason] != nil {
+	if d.Headers[wire.HeaderAttempt] != int32(3) || d.Headers[wire.HeaderReason] != nil {
 		t.Errorf("replayed headers: %v", d.Headers)
 	}
 

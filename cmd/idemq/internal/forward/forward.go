@@ -19,7 +19,7 @@
 // The body, the content type, the message_id (the delivery's, or its key
 // when it has none), correlation_id, reply_to and every header except those
 // that describe the message's path through this stage rather than the
-// message: idemq's own x-idemq-* headers (attempt counter, first-seen time,
+// message (wire.ForwardHeaders): idemq's own x-idemq-* headers (attempt counter, first-seen time,
 // original exchange and routing key, dead-letter reasons), the broker's
 // x-death, x-first-death-*, x-last-death-* and x-delivery-count, and the W3C
 // traceparent/tracestate, which the relay replaces with its publish span
@@ -39,16 +39,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/header"
+	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -214,7 +212,7 @@ func Message(d *consumer.Delivery, exchange, routingKey string) outbox.Message {
 	return outbox.Message{
 		Exchange:        exchange,
 		RoutingKey:      routingKey,
-		Headers:         Headers(d.Headers),
+		Headers:         wire.ForwardHeaders(d.Headers),
 		Body:            d.Body,
 		ContentType:     d.ContentType,
 		MessageID:       cmp.Or(d.MessageID, d.Key),
@@ -227,33 +225,4 @@ func Message(d *consumer.Delivery, exchange, routingKey string) outbox.Message {
 		Type:            d.Type,
 		AppID:           d.AppID,
 	}
-}
-
-// Headers returns the headers to forward: all of h except idemq's x-idemq-*,
-// the broker's dead-lettering and delivery-count headers, and the trace
-// context (the relay writes its own). Nil when none is left.
-func Headers(h amqp.Table) amqp.Table {
-	out := make(amqp.Table, len(h))
-	for k, v := range h {
-		if !forwarded(k) {
-			continue
-		}
-		out[k] = v
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
-}
-
-func forwarded(name string) bool {
-	n := strings.ToLower(name)
-	switch {
-	case header.IsIdemq(n),
-		n == "x-death", strings.HasPrefix(n, "x-first-death-"), strings.HasPrefix(n, "x-last-death-"),
-		n == "x-delivery-count",
-		n == "traceparent", n == "tracestate":
-		return false
-	}
-	return true
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {
@@ -19,19 +20,19 @@ func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {
 		// As the consumer read it from its signed copy.
 		OriginalRoutingKey: "orders.created",
 		Headers: amqp.Table{
-			"x-custom":                      "kept",
-			"Idempotency-Key":               "k-1",
-			"x-tenant-id":                   "acme",
-			"x-number":                      int32(7),
-			consumer.HeaderAttempt:          int32(3),
-			consumer.HeaderFirstSeen:        "2026-01-01T00:00:00Z",
-			consumer.HeaderOriginalExchange: "",
-			consumer.HeaderOriginalRouting:  "orders.created",
-			"x-death":                       []any{amqp.Table{"reason": "expired"}},
-			"x-first-death-reason":          "expired",
-			"x-delivery-count":              int64(2),
-			"traceparent":                   "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"tracestate":                    "a=b",
+			"x-custom":                    "kept",
+			"Idempotency-Key":             "k-1",
+			"x-tenant-id":                 "acme",
+			"x-number":                    int32(7),
+			wire.HeaderAttempt:            int32(3),
+			wire.HeaderFirstSeen:          "2026-01-01T00:00:00Z",
+			wire.HeaderOriginalExchange:   "",
+			wire.HeaderOriginalRoutingKey: "orders.created",
+			"x-death":                     []any{amqp.Table{"reason": "expired"}},
+			"x-first-death-reason":        "expired",
+			"x-delivery-count":            int64(2),
+			"traceparent":                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"tracestate":                  "a=b",
 		},
 		CorrelationID: "c-1",
 	}
@@ -49,7 +50,7 @@ func TestMessageKeepsContentAndDropsPathHeaders(t *testing.T) {
 			t.Errorf("header %s = %v, want %v", k, m.Headers[k], v)
 		}
 	}
-	if d.Headers[consumer.HeaderAttempt] == nil {
+	if d.Headers[wire.HeaderAttempt] == nil {
 		t.Error("the delivery's own headers were modified")
 	}
 }
@@ -63,7 +64,8 @@ func TestMessageIDFallsBackToTheKeyAndRoutingKeyToTheOriginal(t *testing.T) {
 	if m = forward.Message(d, "x", "fixed"); m.RoutingKey != "fixed" {
 		t.Fatalf("configured routing key: %+v", m)
 	}
-	if h := forward.Headers(amqp.Table{consumer.HeaderAttempt: int32(1)}); h != nil {
+	d.Headers = amqp.Table{wire.HeaderAttempt: int32(1)}
+	if h := forward.Message(d, "", "").Headers; h != nil {
 		t.Fatalf("only idemq headers: want nil, got %v", h)
 	}
 }

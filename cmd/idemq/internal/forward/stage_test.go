@@ -13,9 +13,9 @@ import (
 	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -121,9 +121,9 @@ func TestForgedOriginalRoutingKeyDoesNotSteer(t *testing.T) {
 	testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{
 		MessageId: "steer-1", Body: []byte(`{"delete":"everything"}`),
 		Headers: amqp.Table{
-			consumer.HeaderOriginalRouting:  "admin.delete-all",
-			consumer.HeaderOriginalExchange: "admin",
-			consumer.HeaderAttempt:          int32(2),
+			wire.HeaderOriginalRoutingKey: "admin.delete-all",
+			wire.HeaderOriginalExchange:   "admin",
+			wire.HeaderAttempt:            int32(2),
 		},
 	})
 	d := e.next()
@@ -139,15 +139,15 @@ func TestSignedOriginalRoutingKeyIsKept(t *testing.T) {
 	t.Parallel()
 	key := []byte("the header key of this test stage")
 	e := runStage(t, func(c *consumer.Config) { c.HeaderKeys = [][]byte{key} })
-	h := amqp.Table{header.Attempt: int32(2), header.OriginalExchange: "orders", header.OriginalRoutingKey: "orders.created"}
-	header.Keys{{Secret: key}}.Sign(h, "retried-1", []byte("{}"), time.Now())
+	h := amqp.Table{wire.HeaderAttempt: int32(2), wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalRoutingKey: "orders.created"}
+	wire.Keys{{Secret: key}}.Sign(h, "retried-1", []byte("{}"), time.Now())
 	testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{MessageId: "retried-1", Body: []byte("{}"), Headers: h})
 	d := e.next()
 	if d.RoutingKey != "orders.created" || d.MessageId != "retried-1" {
 		t.Fatalf("forwarded %q with routing key %q, want orders.created", d.MessageId, d.RoutingKey)
 	}
 	for k := range d.Headers {
-		if header.IsIdemq(k) {
+		if wire.IsIdemq(k) {
 			t.Errorf("forwarded with idemq's header %s", k)
 		}
 	}

@@ -1,4 +1,4 @@
-package header_test
+package wire_test
 
 import (
 	"maps"
@@ -8,40 +8,40 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/internal/header"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 var (
-	k1 = header.Key{Secret: []byte("0123456789abcdef-key-one")}
-	k2 = header.Key{Secret: []byte("0123456789abcdef-key-two")}
+	k1 = wire.Key{Secret: []byte("0123456789abcdef-key-one")}
+	k2 = wire.Key{Secret: []byte("0123456789abcdef-key-two")}
 )
 
 // signedCopy is a retry copy as idemq writes it, signed with ks.
-func signedCopy(ks header.Keys) amqp.Table {
+func signedCopy(ks wire.Keys) amqp.Table {
 	h := amqp.Table{
-		"x-custom":                header.Prefix + "looks-like-ours-but-is-a-value",
-		header.Attempt:            int32(3),
-		header.Tenant:             "alice",
-		header.FirstSeen:          "2026-11-30T12:00:00Z",
-		header.OriginalExchange:   "orders",
-		header.OriginalRoutingKey: "orders.created",
+		"x-custom":                    wire.Prefix + "looks-like-ours-but-is-a-value",
+		wire.HeaderAttempt:            int32(3),
+		wire.HeaderTenant:             "alice",
+		wire.HeaderFirstSeen:          "2026-11-30T12:00:00Z",
+		wire.HeaderOriginalExchange:   "orders",
+		wire.HeaderOriginalRoutingKey: "orders.created",
 	}
 	ks.Sign(h, "m-1", []byte("body"), time.Now())
 	return h
 }
 
 func TestSignedCopyVerifies(t *testing.T) {
-	ks := header.Keys{k1}
+	ks := wire.Keys{k1}
 	h := signedCopy(ks)
-	if !strings.HasPrefix(h[header.Signature].(string), "v1.") {
-		t.Fatalf("signature %q", h[header.Signature])
+	if !strings.HasPrefix(h[wire.HeaderSignature].(string), "v1.") {
+		t.Fatalf("signature %q", h[wire.HeaderSignature])
 	}
 	if !ks.Verify(h, "m-1", []byte("body")) {
 		t.Fatal("a signed copy does not verify")
 	}
 	// Headers the signature does not cover may change (the broker's x-death,
 	// the dead-letter reason, the trace context).
-	h["x-death"], h[header.Reason], h["traceparent"] = []any{}, "permanent_error", "00-…"
+	h["x-death"], h[wire.HeaderReason], h["traceparent"] = []any{}, "permanent_error", "00-…"
 	if !ks.Verify(h, "m-1", []byte("body")) {
 		t.Fatal("an unsigned header broke the signature")
 	}
@@ -55,42 +55,45 @@ func TestSignedCopyVerifies(t *testing.T) {
 }
 
 func TestTamperedCopyDoesNotVerify(t *testing.T) {
-	ks := header.Keys{k1}
+	ks := wire.Keys{k1}
 	for name, tamper := range map[string]func(h amqp.Table) (id string, body []byte){
-		"attempt changed":     func(h amqp.Table) (string, []byte) { h[header.Attempt] = int32(1); return "m-1", []byte("body") },
-		"attempt as a string": func(h amqp.Table) (string, []byte) { h[header.Attempt] = "3"; return "m-1", []byte("body") },
-		"attempt removed":     func(h amqp.Table) (string, []byte) { delete(h, header.Attempt); return "m-1", []byte("body") },
-		"tenant changed":      func(h amqp.Table) (string, []byte) { h[header.Tenant] = "mallory"; return "m-1", []byte("body") },
-		"tenant as bytes":     func(h amqp.Table) (string, []byte) { h[header.Tenant] = []byte("alice"); return "m-1", []byte("body") },
-		"tenant removed":      func(h amqp.Table) (string, []byte) { delete(h, header.Tenant); return "m-1", []byte("body") },
-		"routing key changed": func(h amqp.Table) (string, []byte) {
-			h[header.OriginalRoutingKey] = "admin"
+		"attempt changed":     func(h amqp.Table) (string, []byte) { h[wire.HeaderAttempt] = int32(1); return "m-1", []byte("body") },
+		"attempt as a string": func(h amqp.Table) (string, []byte) { h[wire.HeaderAttempt] = "3"; return "m-1", []byte("body") },
+		"attempt removed":     func(h amqp.Table) (string, []byte) { delete(h, wire.HeaderAttempt); return "m-1", []byte("body") },
+		"tenant changed":      func(h amqp.Table) (string, []byte) { h[wire.HeaderTenant] = "mallory"; return "m-1", []byte("body") },
+		"tenant as bytes": func(h amqp.Table) (string, []byte) {
+			h[wire.HeaderTenant] = []byte("alice")
 			return "m-1", []byte("body")
 		},
-		"exchange changed": func(h amqp.Table) (string, []byte) { h[header.OriginalExchange] = ""; return "m-1", []byte("body") },
+		"tenant removed": func(h amqp.Table) (string, []byte) { delete(h, wire.HeaderTenant); return "m-1", []byte("body") },
+		"routing key changed": func(h amqp.Table) (string, []byte) {
+			h[wire.HeaderOriginalRoutingKey] = "admin"
+			return "m-1", []byte("body")
+		},
+		"exchange changed": func(h amqp.Table) (string, []byte) { h[wire.HeaderOriginalExchange] = ""; return "m-1", []byte("body") },
 		"first seen changed": func(h amqp.Table) (string, []byte) {
-			h[header.FirstSeen] = "2020-01-01T00:00:00Z"
+			h[wire.HeaderFirstSeen] = "2020-01-01T00:00:00Z"
 			return "m-1", []byte("body")
 		},
 		"other message_id":  func(amqp.Table) (string, []byte) { return "m-2", []byte("body") },
 		"other body":        func(amqp.Table) (string, []byte) { return "m-1", []byte("bodz") },
-		"signature removed": func(h amqp.Table) (string, []byte) { delete(h, header.Signature); return "m-1", []byte("body") },
-		"signature garbage": func(h amqp.Table) (string, []byte) { h[header.Signature] = "v1.!!"; return "m-1", []byte("body") },
+		"signature removed": func(h amqp.Table) (string, []byte) { delete(h, wire.HeaderSignature); return "m-1", []byte("body") },
+		"signature garbage": func(h amqp.Table) (string, []byte) { h[wire.HeaderSignature] = "v1.!!"; return "m-1", []byte("body") },
 		"signature truncated": func(h amqp.Table) (string, []byte) {
-			h[header.Signature] = h[header.Signature].(string)[:20]
+			h[wire.HeaderSignature] = h[wire.HeaderSignature].(string)[:20]
 			return "m-1", []byte("body")
 		},
 		"signature as bytes": func(h amqp.Table) (string, []byte) {
-			h[header.Signature] = []byte(h[header.Signature].(string))
+			h[wire.HeaderSignature] = []byte(h[wire.HeaderSignature].(string))
 			return "m-1", []byte("body")
 		},
 		"signature unversioned": func(h amqp.Table) (string, []byte) {
-			h[header.Signature] = strings.TrimPrefix(h[header.Signature].(string), "v1.")
+			h[wire.HeaderSignature] = strings.TrimPrefix(h[wire.HeaderSignature].(string), "v1.")
 			return "m-1", []byte("body")
 		},
 		// Moving a value between fields keeps the bytes, not the encoding.
 		"values swapped": func(h amqp.Table) (string, []byte) {
-			h[header.OriginalExchange], h[header.OriginalRoutingKey] = h[header.OriginalRoutingKey], h[header.OriginalExchange]
+			h[wire.HeaderOriginalExchange], h[wire.HeaderOriginalRoutingKey] = h[wire.HeaderOriginalRoutingKey], h[wire.HeaderOriginalExchange]
 			return "m-1", []byte("body")
 		},
 	} {
@@ -105,57 +108,57 @@ func TestTamperedCopyDoesNotVerify(t *testing.T) {
 }
 
 func TestKeyRotation(t *testing.T) {
-	old := signedCopy(header.Keys{k1})
-	if (header.Keys{k2}).Verify(old, "m-1", []byte("body")) {
+	old := signedCopy(wire.Keys{k1})
+	if (wire.Keys{k2}).Verify(old, "m-1", []byte("body")) {
 		t.Fatal("a copy signed with another key verifies")
 	}
 	// During a rotation every key verifies, whichever signed.
-	both := header.Keys{k2, k1}
+	both := wire.Keys{k2, k1}
 	if !both.Verify(old, "m-1", []byte("body")) || !both.Verify(signedCopy(both), "m-1", []byte("body")) {
 		t.Fatal("a key of the list does not verify")
 	}
-	if !(header.Keys{k2}).Verify(signedCopy(both), "m-1", []byte("body")) {
+	if !(wire.Keys{k2}).Verify(signedCopy(both), "m-1", []byte("body")) {
 		t.Fatal("the first key does not sign")
 	}
 	// A key that signs only from tomorrow verifies today, and the next key signs.
-	tomorrow := header.Key{Secret: k2.Secret, SignsFrom: time.Now().Add(24 * time.Hour)}
-	staged := header.Keys{tomorrow, k1}
+	tomorrow := wire.Key{Secret: k2.Secret, SignsFrom: time.Now().Add(24 * time.Hour)}
+	staged := wire.Keys{tomorrow, k1}
 	h := signedCopy(staged)
-	if !(header.Keys{k1}).Verify(h, "m-1", []byte("body")) {
+	if !(wire.Keys{k1}).Verify(h, "m-1", []byte("body")) {
 		t.Fatal("a key not yet due signed")
 	}
-	withNew := signedCopy(header.Keys{k2})
+	withNew := signedCopy(wire.Keys{k2})
 	if !staged.Verify(withNew, "m-1", []byte("body")) {
 		t.Fatal("a key not yet due does not verify")
 	}
 }
 
 func TestSignRefusesHeadersIdemqDoesNotWrite(t *testing.T) {
-	ks := header.Keys{k1}
-	h := amqp.Table{header.Attempt: int64(2), header.Signature: "v1.stale"}
+	ks := wire.Keys{k1}
+	h := amqp.Table{wire.HeaderAttempt: int64(2), wire.HeaderSignature: "v1.stale"}
 	ks.Sign(h, "m", nil, time.Now())
-	if _, ok := h[header.Signature]; ok || ks.Verify(h, "m", nil) {
+	if _, ok := h[wire.HeaderSignature]; ok || ks.Verify(h, "m", nil) {
 		t.Fatalf("signed a header of a type idemq does not write: %v", h)
 	}
 }
 
 func TestValidate(t *testing.T) {
-	if err := (header.Keys{k1, k2}).Validate(); err != nil {
+	if err := (wire.Keys{k1, k2}).Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if err := (header.Keys{}).Validate(); err == nil {
+	if err := (wire.Keys{}).Validate(); err == nil {
 		t.Fatal("no key: want an error")
 	}
-	err := (header.Keys{k1, {Secret: []byte("tiny-secret")}}).Validate()
+	err := (wire.Keys{k1, {Secret: []byte("tiny-secret")}}).Validate()
 	if err == nil || strings.Contains(err.Error(), "tiny") {
 		t.Fatalf("short key: %v (the error must not quote it)", err)
 	}
 }
 
 func TestStrip(t *testing.T) {
-	h := amqp.Table{"x-custom": 1, header.Attempt: int32(9), "X-IDEMQ-TENANT": "mallory", header.Signature: "v1.x"}
+	h := amqp.Table{"x-custom": 1, wire.HeaderAttempt: int32(9), "X-IDEMQ-TENANT": "mallory", wire.HeaderSignature: "v1.x"}
 	orig := maps.Clone(h)
-	got := header.Strip(h)
+	got := wire.Strip(h)
 	if len(got) != 1 || got["x-custom"] != 1 {
 		t.Fatalf("Strip = %v", got)
 	}
@@ -163,10 +166,10 @@ func TestStrip(t *testing.T) {
 		t.Fatal("Strip changed its argument")
 	}
 	clean := amqp.Table{"a": "b"}
-	if got := header.Strip(clean); len(got) != 1 {
+	if got := wire.Strip(clean); len(got) != 1 {
 		t.Fatalf("Strip of a table without idemq headers = %v", got)
 	}
-	if header.Strip(nil) != nil {
+	if wire.Strip(nil) != nil {
 		t.Fatal("Strip(nil) != nil")
 	}
 }

@@ -1,17 +1,4 @@
-// Package header names idemq's own message headers (x-idemq-*) and proves
-// which of them idemq wrote.
-//
-// Anyone who may publish to a work queue can write any header, so idemq
-// trusts the headers that steer it (the attempt number, the tenant carried
-// for TenantFromUserID, the original exchange and routing key, the first-seen
-// time) only on a copy that carries a valid signature: an HMAC-SHA256, under
-// one of the deployment's keys, of a canonical encoding of those headers, the
-// message_id and a SHA-256 of the body. On any other delivery they are
-// stripped (Strip) before anything reads, forwards or copies them.
-//
-// The signed headers must have the types idemq writes: strings, and int32
-// for the attempt. A header of another type makes the signature invalid.
-package header
+package wire
 
 import (
 	"crypto/hmac"
@@ -20,44 +7,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Prefix starts the name of every idemq header.
-const Prefix = "x-idemq-"
-
-// Names of idemq's headers.
-const (
-	// Attempt is the attempt number of a retry copy (int32, 1 on a dead letter).
-	Attempt = Prefix + "attempt"
-	// Tenant is the tenant the first attempt resolved, carried so that later
-	// attempts use the same key scope (the copy has no user_id).
-	Tenant = Prefix + "tenant"
-	// FirstSeen is when idemq first saw the message (RFC 3339).
-	FirstSeen = Prefix + "first-seen"
-	// OriginalExchange and OriginalRoutingKey say where the message was first published.
-	OriginalExchange   = Prefix + "original-exchange"
-	OriginalRoutingKey = Prefix + "original-routing-key"
-	// Reason, Error and Attempts describe a dead letter (not signed: nothing
-	// acts on them).
-	Reason   = Prefix + "reason"
-	Error    = Prefix + "error"
-	Attempts = Prefix + "attempts"
-	// Outcome and ResponseCode describe the stored result on a reply sent
-	// to reply_to (not signed: a reply is for its requester).
-	Outcome      = Prefix + "outcome"
-	ResponseCode = Prefix + "response-code"
-	// Signature proves that idemq wrote the signed headers: "v1." and the
-	// unpadded base64url HMAC-SHA256.
-	Signature = Prefix + "signature"
-)
-
 // signed are the headers the signature covers, in the order they are encoded.
-var signed = []string{Attempt, Tenant, FirstSeen, OriginalExchange, OriginalRoutingKey}
+var signed = []string{HeaderAttempt, HeaderTenant, HeaderFirstSeen, HeaderOriginalExchange, HeaderOriginalRoutingKey}
 
 // MinKeyLen is the shortest key accepted, in bytes.
 const MinKeyLen = 16
@@ -113,17 +70,17 @@ func (ks Keys) signer(now time.Time) []byte {
 func (ks Keys) Sign(h amqp.Table, messageID string, body []byte, now time.Time) {
 	msg, ok := canonical(h, messageID, body)
 	if !ok || len(ks) == 0 {
-		delete(h, Signature)
+		delete(h, HeaderSignature)
 		return
 	}
-	h[Signature] = sigPrefix + base64.RawURLEncoding.EncodeToString(mac(ks.signer(now), msg))
+	h[HeaderSignature] = sigPrefix + base64.RawURLEncoding.EncodeToString(mac(ks.signer(now), msg))
 }
 
 // Verify reports whether h carries a valid signature, under any of the
 // keys, over its signed headers, messageID and body. The MACs are compared
 // in constant time.
 func (ks Keys) Verify(h amqp.Table, messageID string, body []byte) bool {
-	s, ok := h[Signature].(string)
+	s, ok := h[HeaderSignature].(string)
 	if !ok {
 		return false
 	}
@@ -185,26 +142,4 @@ func canonical(h amqp.Table, messageID string, body []byte) (b []byte, ok bool) 
 
 func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
-}
-
-// IsIdemq reports whether name is one of idemq's headers (x-idemq-*, in
-// any case).
-func IsIdemq(name string) bool {
-	return len(name) >= len(Prefix) && strings.EqualFold(name[:len(Prefix)], Prefix)
-}
-
-// Strip returns h without idemq's headers: h itself when it has none, else
-// a copy (h is left as it is).
-func Strip(h amqp.Table) amqp.Table {
-	out, copied := h, false
-	for name := range h {
-		if !IsIdemq(name) {
-			continue
-		}
-		if !copied {
-			out, copied = maps.Clone(h), true
-		}
-		delete(out, name)
-	}
-	return out
 }

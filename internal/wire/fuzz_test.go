@@ -1,4 +1,4 @@
-package consumer_test
+package wire_test
 
 import (
 	"errors"
@@ -12,12 +12,17 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // The seed corpora of these targets are in testdata/fuzz and run with every
 // go test; make fuzz explores further.
+
+// The default key and tenant headers of a consumer.
+const (
+	keyHeader    = "Idempotency-Key"
+	tenantHeader = "x-tenant-id"
+)
 
 // headerValue builds a header value of one of the types amqp091-go decodes
 // (kind picks it); ok is false for "no header at all".
@@ -74,10 +79,10 @@ func FuzzExtractKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, messageID string, kind uint8, raw []byte, i int64, fl float64) {
 		d := amqp.Delivery{MessageId: messageID, Headers: amqp.Table{}}
 		if v, ok := headerValue(kind, raw, i, fl); ok {
-			d.Headers[consumer.DefaultKeyHeader] = v
+			d.Headers[keyHeader] = v
 		}
-		_, present := d.Headers[consumer.DefaultKeyHeader]
-		got, err := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
+		_, present := d.Headers[keyHeader]
+		got, err := wire.ReadKey(&d, keyHeader)
 		want, invalid := "", false
 		switch {
 		case messageID != "":
@@ -88,12 +93,8 @@ func FuzzExtractKey(f *testing.F) {
 			// Present but not a string: an invalid key, not a missing one.
 			invalid = true
 		}
-		if got != want || invalid != errors.Is(err, dedup.ErrKeyInvalid) || (!invalid && err != nil) {
-			t.Fatalf("ExtractKey = %q, %v; want %q, invalid %v", got, err, want, invalid)
-		}
-		// A key function wins over both.
-		if k, err := consumer.ExtractKey(&d, func(*amqp.Delivery) string { return "fn" }, consumer.DefaultKeyHeader); k != "fn" || err != nil {
-			t.Fatalf("ExtractKey with a key function = %q, %v", k, err)
+		if got != want || invalid != (err != nil) {
+			t.Fatalf("ReadKey = %q, %v; want %q, invalid %v", got, err, want, invalid)
 		}
 	})
 }
@@ -112,9 +113,9 @@ func FuzzExtractTenant(f *testing.F) {
 		d := amqp.Delivery{UserId: userID, Headers: amqp.Table{}}
 		v, present := headerValue(kind, raw, i, 0)
 		if present {
-			d.Headers[consumer.DefaultTenantHeader] = v
+			d.Headers[tenantHeader] = v
 		}
-		got, err := consumer.ExtractTenant(&d, consumer.DefaultTenantHeader, fromUserID)
+		got, err := wire.ReadTenant(&d, tenantHeader, fromUserID)
 		source, typed := "", true
 		switch {
 		case fromUserID:
@@ -126,7 +127,7 @@ func FuzzExtractTenant(f *testing.F) {
 		}
 		valid := typed && len(source) <= 255 && utf8.ValidString(source) && !strings.ContainsFunc(source, unicode.IsControl)
 		if valid != (err == nil) {
-			t.Fatalf("ExtractTenant(%q) = %q, %v; valid %v", source, got, err, valid)
+			t.Fatalf("ReadTenant(%q) = %q, %v; valid %v", source, got, err, valid)
 		}
 		if err != nil {
 			if msg := err.Error(); !utf8.ValidString(msg) || len(msg) > 100 {
@@ -135,7 +136,7 @@ func FuzzExtractTenant(f *testing.F) {
 			return
 		}
 		if got != source {
-			t.Fatalf("ExtractTenant = %q, want %q", got, source)
+			t.Fatalf("ReadTenant = %q, want %q", got, source)
 		}
 	})
 }
@@ -165,56 +166,57 @@ func FuzzParseAttempt(f *testing.F) {
 		switch kind % 18 {
 		case 0, 1:
 			if kind%18 == 0 {
-				h[consumer.HeaderAttempt] = s
+				h[wire.HeaderAttempt] = s
 			} else {
-				h[consumer.HeaderAttempt] = []byte(s)
+				h[wire.HeaderAttempt] = []byte(s)
 			}
 			if n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 32); err == nil {
 				want = inRange(n)
 			}
 		case 2:
-			h[consumer.HeaderAttempt], want = int8(i), inRange(int64(int8(i)))
+			h[wire.HeaderAttempt], want = int8(i), inRange(int64(int8(i)))
 		case 3:
-			h[consumer.HeaderAttempt], want = int16(i), inRange(int64(int16(i)))
+			h[wire.HeaderAttempt], want = int16(i), inRange(int64(int16(i)))
 		case 4:
-			h[consumer.HeaderAttempt], want = int32(i), inRange(int64(int32(i)))
+			h[wire.HeaderAttempt], want = int32(i), inRange(int64(int32(i)))
 		case 5:
-			h[consumer.HeaderAttempt], want = i, inRange(i)
+			h[wire.HeaderAttempt], want = i, inRange(i)
 		case 6, 7:
 			v := fl
 			if kind%18 == 6 {
-				h[consumer.HeaderAttempt] = float32(fl)
+				h[wire.HeaderAttempt] = float32(fl)
 				v = float64(float32(fl))
 			} else {
-				h[consumer.HeaderAttempt] = fl
+				h[wire.HeaderAttempt] = fl
 			}
 			if v >= 1 && v < 1<<30+1 {
 				want = int64(v)
 			}
 		case 14:
-			h[consumer.HeaderAttempt], want = uint8(i), inRange(int64(uint8(i)))
+			h[wire.HeaderAttempt], want = uint8(i), inRange(int64(uint8(i)))
 		case 15:
-			h[consumer.HeaderAttempt], want = uint16(i), inRange(int64(uint16(i)))
+			h[wire.HeaderAttempt], want = uint16(i), inRange(int64(uint16(i)))
 		case 16:
-			h[consumer.HeaderAttempt], want = uint32(i), inRange(int64(uint32(i)))
+			h[wire.HeaderAttempt], want = uint32(i), inRange(int64(uint32(i)))
 		default:
 			if v, ok := headerValue(kind, []byte(s), i, fl); ok {
-				h[consumer.HeaderAttempt] = v
+				h[wire.HeaderAttempt] = v
 			}
 		}
-		got := consumer.ParseAttempt(h)
+		got := wire.ParseAttempt(h)
 		if got < 1 || got > 1<<30 {
-			t.Fatalf("ParseAttempt(%#v) = %d, out of [1, 2^30]", h[consumer.HeaderAttempt], got)
+			t.Fatalf("ParseAttempt(%#v) = %d, out of [1, 2^30]", h[wire.HeaderAttempt], got)
 		}
 		if int64(got) != want {
-			t.Fatalf("ParseAttempt(%#v) = %d, want %d", h[consumer.HeaderAttempt], got, want)
+			t.Fatalf("ParseAttempt(%#v) = %d, want %d", h[wire.HeaderAttempt], got, want)
 		}
 	})
 }
 
+// reasons are the consumer's reason words, in the order the corpus indexes them.
 var reasons = []string{
-	consumer.ReasonPermanentError, consumer.ReasonMaxAttemptsExceeded, consumer.ReasonKeyRequired,
-	consumer.ReasonKeyInvalid, consumer.ReasonKeyReuse,
+	"permanent_error", "max_attempts_exceeded", "idempotency_key_required",
+	"idempotency_key_invalid", "idempotency_key_reuse",
 }
 
 func FuzzDeadLetterHeaders(f *testing.F) {
@@ -233,16 +235,16 @@ func FuzzDeadLetterHeaders(f *testing.F) {
 			err = errors.New(text)
 			source = text
 		}
-		h := consumer.DeadLetterHeaders(reason, err, attempts)
+		h := wire.DeadLetterHeaders(reason, err, attempts)
 		if verr := h.Validate(); verr != nil {
 			t.Fatalf("headers are not a valid AMQP table: %v", verr)
 		}
-		if h[consumer.HeaderReason] != reason {
-			t.Fatalf("reason %v, want %q", h[consumer.HeaderReason], reason)
+		if h[wire.HeaderReason] != reason {
+			t.Fatalf("reason %v, want %q", h[wire.HeaderReason], reason)
 		}
-		got, ok := h[consumer.HeaderError].(string)
+		got, ok := h[wire.HeaderError].(string)
 		if !ok || !utf8.ValidString(got) {
-			t.Fatalf("x-idemq-error %q is not a valid UTF-8 string", h[consumer.HeaderError])
+			t.Fatalf("x-idemq-error %q is not a valid UTF-8 string", h[wire.HeaderError])
 		}
 		const limit = 1024
 		if len(got) > limit+len("…") {
@@ -257,8 +259,8 @@ func FuzzDeadLetterHeaders(f *testing.F) {
 			t.Fatalf("x-idemq-error is not a truncation of the error: %q", got)
 		}
 		if attempts >= math.MinInt32 && attempts <= math.MaxInt32 {
-			if h[consumer.HeaderAttempts] != int32(attempts) {
-				t.Fatalf("attempts %v, want %d", h[consumer.HeaderAttempts], attempts)
+			if h[wire.HeaderAttempts] != int32(attempts) {
+				t.Fatalf("attempts %v, want %d", h[wire.HeaderAttempts], attempts)
 			}
 		}
 	})
