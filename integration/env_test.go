@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -29,18 +30,18 @@ type env struct {
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
 	pool := testdb.Pool(tb, 20)
-	schema := testdb.Schema(tb, pool)
+	schemaName := testdb.Schema(tb, pool)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		tb.Fatalf("migrate: %v", err)
 	}
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	conn := testamqp.Dial(tb)
-	return &env{tb: tb, pool: pool, schema: schema, store: store, pub: testamqp.Channel(tb, conn)}
+	return &env{tb: tb, pool: pool, schema: schemaName, store: store, pub: testamqp.Channel(tb, conn)}
 }
 
 // consumerConfig returns the config of a consumer of a fresh queue whose

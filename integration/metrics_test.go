@@ -58,7 +58,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := testamqp.Name(t, "it.metrics.missing-exchange")
-	ob, err := outbox.New(&outbox.Config{Schema: e.schema})
+	ob, err := outbox.New(e.pool, &outbox.Config{Schema: e.schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +77,8 @@ func TestMetrics(t *testing.T) {
 		return consumer.Response{}, ob.Enqueue(ctx, tx, outbox.Message{Exchange: missing, Body: d.Body})
 	})
 	relayConn := "idemq-test-relay-" + e.schema
-	relay, err := outbox.NewRelay(e.pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.schema, MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
 		ConnectionName: relayConn, RetryInitial: 10 * time.Minute, RetryMax: 10 * time.Minute, Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -164,7 +164,7 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	cfgA, eventsA := e.consumerConfig("it.trace.orders", "orders")
 	cfgB, eventsB := e.consumerConfig("it.trace.shipping", "shipping")
 	cfgA.TracerProvider, cfgB.TracerProvider = tp, tp
-	ob, err := outbox.New(&outbox.Config{Schema: e.schema, Propagator: prop})
+	ob, err := outbox.New(e.pool, &outbox.Config{Schema: e.schema, Propagator: prop})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +174,8 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	e.run(cfgB, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, nil
 	})
-	relay, err := outbox.NewRelay(e.pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.schema, TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
 		ConnectionName: "idemq-test-relay-" + e.schema, Logger: cfgA.Logger,
 	})
 	if err != nil {
