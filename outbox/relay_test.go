@@ -295,10 +295,12 @@ func TestRelayUnroutableParked(t *testing.T) {
 			t.Fatalf("routable message %s received %d times", id, ids[id])
 		}
 	}
-	// A message reaches the queue before its row is marked: wait for both.
-	waitFor(t, 30*time.Second, "both messages parked, the others marked", func() bool {
-		b := e.backlog(t)
-		return b.Parked == 2 && b.Pending == 0
+	// A message reaches the queue before its row is marked, and the relay
+	// counts a batch after its commit: wait for both.
+	waitFor(t, 30*time.Second, "both messages parked, the others marked and counted", func() bool {
+		s, err := r.Stats(ctx)
+		return err == nil && s.Backlog.Parked == 2 && s.Backlog.Pending == 0 && s.Published == 200 &&
+			s.Parked == 2 && strings.Count(logs.String(), "PARKED") == 2
 	})
 
 	type parked struct {
