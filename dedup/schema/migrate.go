@@ -124,16 +124,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, ms []migrat
 func step(ctx context.Context, pool *pgxpool.Pool, schema string, ms []migration) (done bool, err error) {
 	ident := pgx.Identifier{schema}.Sanitize()
 	table := ident + ".schema_version"
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// Read committed, whatever the server's default: the statements after
+	// the lock must see what the holder before committed.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey); err != nil {
 			return fmt.Errorf("lock: %w", err)
 		}
-		// Without the lock, CREATE SCHEMA IF NOT EXISTS can fail when it runs
-		// twice at once (a unique violation on pg_namespace). It runs every
-		// time, as it always did, so that a role that may not create schemas
-		// cannot migrate.
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
-			return fmt.Errorf("create schema: %w", err)
+		if err := ensureSchema(ctx, tx, schema); err != nil {
+			return err
 		}
 		applied, err := ensureVersionTable(ctx, tx, schema, table)
 		if err != nil {
@@ -157,6 +155,28 @@ func step(ctx context.Context, pool *pgxpool.Pool, schema string, ms []migration
 		return nil
 	})
 	return done, err
+}
+
+// ensureSchema creates schema when it does not exist, and otherwise checks
+// that the current role may create tables in it: a role that may not (a
+// worker's) cannot migrate, even a schema already up to date. Run under the
+// lock: CREATE SCHEMA IF NOT EXISTS run twice at once can fail (a unique
+// violation on pg_namespace).
+func ensureSchema(ctx context.Context, tx pgx.Tx, schema string) error {
+	var mayCreate bool
+	err := tx.QueryRow(ctx, "SELECT has_schema_privilege(oid, 'CREATE') FROM pg_catalog.pg_namespace WHERE nspname = $1", schema).Scan(&mayCreate)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("create schema: %w", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("find schema: %w", err)
+	case !mayCreate:
+		return errors.New("the role may not create tables in the schema: run migrations as its owner (see docs/security.md)")
+	}
+	return nil
 }
 
 // ensureVersionTable creates the version table with its one row (version 0)

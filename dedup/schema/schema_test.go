@@ -251,3 +251,72 @@ func TestEmptyNameIsTheDefaultSchema(t *testing.T) {
 		t.Fatalf(`version "" = %d of %d (%v), version %q = %d of %d (%v)`, a1, k1, err1, schema.Default, a2, k2, err2)
 	}
 }
+
+// poolAs opens a pool that logs in as role (the test server trusts local
+// logins).
+func poolAs(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// A role that owns its schema migrates it without CREATE on the database
+// (docs/security.md); a role that may only use the schema cannot migrate it,
+// even when it is up to date.
+func TestMigrateNeedsTheSchemaOwner(t *testing.T) {
+	t.Parallel()
+	admin := testdb.Pool(t, 2)
+	ctx := context.Background()
+	name := testdb.Schema(t, admin)
+	owner, worker := "idemq_t_owner_"+testdb.RandomHex(4), "idemq_t_worker_"+testdb.RandomHex(4)
+	for _, r := range []string{owner, worker} {
+		if _, err := admin.Exec(ctx, "CREATE ROLE "+r+" LOGIN"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		// After the pools close and before testdb drops the schema.
+		conn, err := pgx.Connect(context.Background(), testdb.URL())
+		if err != nil {
+			t.Logf("drop roles: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		for _, r := range []string{worker, owner} {
+			if _, err := conn.Exec(context.Background(), "DROP OWNED BY "+r+" CASCADE; DROP ROLE "+r); err != nil {
+				t.Logf("drop role %s: %v", r, err)
+			}
+		}
+	})
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+ident+" AUTHORIZATION "+owner+"; GRANT USAGE ON SCHEMA "+ident+" TO "+worker); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.Migrate(ctx, poolAs(t, owner), name); err != nil {
+		t.Fatalf("migrate as the schema's owner: %v", err)
+	}
+	if _, err := admin.Exec(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "+ident+" TO "+worker); err != nil {
+		t.Fatal(err)
+	}
+	wp := poolAs(t, worker)
+	if err := schema.Migrate(ctx, wp, name); err == nil {
+		t.Fatal("migrate as a worker succeeded")
+	}
+	if err := schema.Migrate(ctx, wp, testdb.Schema(t, admin)); err == nil {
+		t.Fatal("migrate a new schema as a worker succeeded")
+	}
+	applied, known, err := schema.Version(ctx, wp, name)
+	if err != nil || applied != known {
+		t.Fatalf("version read by the worker: %d of %d, %v", applied, known, err)
+	}
+}
