@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
+	"github.com/idemq/idemq/outbox"
 )
 
 // instrumentation is the name of the tracer and meter.
@@ -33,7 +34,10 @@ var ErrRetentionTooShort = errors.New("key retention is shorter than the redeliv
 // Consumer consumes one work queue, claims each message's key before its
 // handler runs, and routes every delivery to exactly one outcome.
 type Consumer struct {
-	store   *dedup.Store
+	store *dedup.Store
+	// outbox is the one in the store's schema, where the handlers'
+	// package-level outbox.Enqueue writes.
+	outbox  *outbox.Outbox
 	handler Handler
 	// batchHandler replaces handler in batch mode.
 	batchHandler BatchHandler
@@ -109,8 +113,13 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
+	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
 	cons := &Consumer{
 		store:        store,
+		outbox:       ob,
 		handler:      h,
 		batchHandler: bh,
 		cfg:          c,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -28,17 +29,17 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema, queue := "idemq_example_consumer", "example.payments"
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	schemaName, queue := "idemq_example_consumer", "example.payments"
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")                     //nolint:errcheck
-	pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+schema+".charges (order_id text, body jsonb)") //nolint:errcheck
-	store, _ := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schemaName+" CASCADE")                     //nolint:errcheck
+	pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+schemaName+".charges (order_id text, body jsonb)") //nolint:errcheck
+	store, _ := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 
 	outcomes := make(chan consumer.Outcome, 2)
 	charge := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".charges VALUES ($1, $2)", d.Key, d.Body)
+		_, err := tx.Exec(ctx, "INSERT INTO "+schemaName+".charges VALUES ($1, $2)", d.Key, d.Body)
 		return consumer.Response{Code: 201}, err
 	}
 	cfg := &consumer.Config{
@@ -74,7 +75,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	var charges int
-	pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schema+".charges").Scan(&charges) //nolint:errcheck
+	pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schemaName+".charges").Scan(&charges) //nolint:errcheck
 	fmt.Println("charges:", charges)
 	// Output:
 	// processed

@@ -37,7 +37,7 @@ var (
 	ErrKeyReuse = errors.New(ReasonKeyReuse)
 
 	// ErrNotMigrated means a table this build needs does not exist: run
-	// Migrate (or `idemq migrate`).
+	// schema.Migrate (or `idemq migrate`).
 	ErrNotMigrated = errors.New("schema not migrated")
 
 	// ErrFingerprint means the significant content could not be read (for

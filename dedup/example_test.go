@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -22,12 +23,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := "idemq_example"
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	schemaName := "idemq_example"
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	defer pool.Exec(ctx, "DROP SCHEMA "+schemaName+" CASCADE") //nolint:errcheck
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		log.Fatal(err)
 	}

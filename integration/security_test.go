@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testenv"
@@ -49,7 +50,7 @@ func TestLeastPrivilegeWorkerRole(t *testing.T) {
 	admin := testdb.Pool(t, 4)
 	suffix := testdb.RandomHex(4)
 	owner, worker := "idemq_owner_"+suffix, "idemq_worker_"+suffix
-	schema := testdb.Schema(t, admin)
+	schemaName := testdb.Schema(t, admin)
 	dbName := currentDatabase(t, admin)
 	mustExec(t, admin, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'owner-pw'; CREATE ROLE %s LOGIN PASSWORD 'worker-pw';
 GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Sanitize(), owner))
@@ -65,7 +66,7 @@ GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Saniti
 		defer conn.Close(ctx)
 		for _, r := range []string{worker, owner} {
 			_, err := conn.Exec(ctx, fmt.Sprintf(`DROP SCHEMA IF EXISTS %s CASCADE; DROP OWNED BY %s; DROP ROLE %s`,
-				pgx.Identifier{schema}.Sanitize(), r, r))
+				pgx.Identifier{schemaName}.Sanitize(), r, r))
 			if err != nil {
 				t.Logf("drop role %s: %v", r, err)
 			}
@@ -74,10 +75,10 @@ GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Saniti
 
 	// The owner migrates and grants, as docs/security.md says.
 	ownerPool := poolAs(t, owner, "owner-pw")
-	if err := dedup.Migrate(ctx, ownerPool, schema); err != nil {
+	if err := schema.Migrate(ctx, ownerPool, schemaName); err != nil {
 		t.Fatalf("migrate as the owner: %v", err)
 	}
-	s := pgx.Identifier{schema}.Sanitize()
+	s := pgx.Identifier{schemaName}.Sanitize()
 	mustExec(t, ownerPool, fmt.Sprintf(`
 CREATE TABLE %[1]s.ledger (key text NOT NULL, tenant text NOT NULL);
 GRANT USAGE ON SCHEMA %[1]s TO %[2]s;
@@ -86,11 +87,11 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 
 	// The worker runs everything a worker runs.
 	workerPool := poolAs(t, worker, "worker-pw")
-	store, err := dedup.NewStore(workerPool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(workerPool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &testenv.Env{TB: t, Pool: workerPool, Schema: schema, Store: store, Pub: testamqp.Channel(t, testamqp.Dial(t))}
+	e := &testenv.Env{TB: t, Pool: workerPool, Schema: schemaName, Store: store, Pub: testamqp.Channel(t, testamqp.Dial(t))}
 	cfg, events := e.ConsumerConfig("it.role", "payments")
 	outQ := cfg.Queue + ".forwarded"
 	declareQueue(t, outQ)
@@ -100,8 +101,12 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 		}
 		return consumer.Response{Code: 201}, outbox.Enqueue(ctx, tx, outbox.Message{RoutingKey: outQ, Body: d.Body})
 	})
-	relay, err := outbox.NewRelay(workerPool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ConnectionName: "idemq-test-" + cfg.Queue + "-relay",
+	ob, err := outbox.New(workerPool, &outbox.Config{Schema: schemaName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ConnectionName: "idemq-test-" + cfg.Queue + "-relay",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +138,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 			t.Errorf("%s as the worker: %v, want permission denied (42501)", ddl, err)
 		}
 	}
-	if err := dedup.Migrate(ctx, workerPool, schema); err == nil {
+	if err := schema.Migrate(ctx, workerPool, schemaName); err == nil {
 		t.Error("migrate as the worker succeeded; it must need the owner")
 	}
 }
@@ -428,10 +433,10 @@ func TestConnectionURLsRedacted(t *testing.T) {
 			return
 		}
 		defer pool.Close()
-		if err := dedup.Migrate(ctx, pool, "idemq_redact"); err == nil {
+		if err := schema.Migrate(ctx, pool, "idemq_redact"); err == nil {
 			t.Fatal("migrate against a closed port succeeded")
 		} else {
-			assertNoSecret(t, "dedup.Migrate error", err.Error(), secrets...)
+			assertNoSecret(t, "schema.Migrate error", err.Error(), secrets...)
 		}
 		store, err := dedup.NewStore(pool, nil)
 		if err != nil {
@@ -448,7 +453,11 @@ func TestConnectionURLsRedacted(t *testing.T) {
 	})
 
 	t.Run("outbox relay, closed ports", func(t *testing.T) {
-		if _, err := outbox.NewRelay(testdb.Pool(t, 2), "amqp://idemq:"+relaySecret+"@[::1", nil); err == nil {
+		anyOutbox, err := outbox.New(testdb.Pool(t, 2), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outbox.NewRelay(anyOutbox, "amqp://idemq:"+relaySecret+"@[::1", nil); err == nil {
 			t.Fatal("a malformed URL was accepted")
 		} else {
 			assertNoSecret(t, "outbox.NewRelay error", err.Error(), secrets...)
@@ -459,7 +468,11 @@ func TestConnectionURLsRedacted(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		relay, err := outbox.NewRelay(pool, amqpURL(closedPort(t), relaySecret), &outbox.RelayConfig{
+		ob, err := outbox.New(pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relay, err := outbox.NewRelay(ob, amqpURL(closedPort(t), relaySecret), &outbox.RelayConfig{
 			Logger: logs.logger(), ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
 		})
 		if err != nil {
@@ -467,7 +480,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		}
 		before := strings.Count(logs.String(), "outbox relay")
 		runFor(t, relay.Run, func() { logs.waitLog(t, "outbox relay", before+3) })
-		if _, err := outbox.Pending(ctx, pool, "idemq"); err != nil {
+		if _, err := ob.Pending(ctx); err != nil {
 			assertNoSecret(t, "outbox.Pending error", err.Error(), secrets...)
 		}
 	})

@@ -165,7 +165,7 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	cfgA, eventsA := e.ConsumerConfig("it.trace.orders", "orders")
 	cfgB, eventsB := e.ConsumerConfig("it.trace.shipping", "shipping")
 	cfgA.TracerProvider, cfgB.TracerProvider = tp, tp
-	ob, err := outbox.New(&outbox.Config{Schema: e.Schema, Propagator: prop})
+	ob, err := outbox.New(e.Pool, &outbox.Config{Schema: e.Schema, Propagator: prop})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +175,8 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	e.Run(cfgB, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, nil
 	})
-	relay, err := outbox.NewRelay(e.Pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.Schema, TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
 		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: cfgA.Logger,
 	})
 	if err != nil {

@@ -11,15 +11,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
 )
 
 // A handler writes its message into the outbox in the same transaction as
 // its business rows: the message exists if and only if the transaction
-// commits. Under the claim of the key being handled, its message id is
-// derived from the claim, the same on every retry.
+// commits. In a handler the consumer runs, a message without a MessageID
+// gets one derived from the key being handled, the same on every retry;
+// outside one, give it the id of the operation.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testdb.URL())
@@ -27,41 +28,42 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := "idemq_example_" + testdb.RandomHex(4)
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	schemaName := "idemq_example_" + testdb.RandomHex(4)
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schemaName+" CASCADE") //nolint:errcheck
 
-	// The consumer runtime sets the claim before it runs the handler.
-	claim := outbox.Claim{Schema: schema, Consumer: "payments", Key: "charge-o-1"}
-	hctx := outbox.WithClaim(ctx, claim)
-
-	err = pgx.BeginFunc(hctx, pool, func(tx pgx.Tx) error {
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaName})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... charge the card, write the business rows in tx ...
-		return outbox.Enqueue(hctx, tx, outbox.Message{
+		return ob.Enqueue(ctx, tx, outbox.Message{
 			Exchange:    "payments",
 			RoutingKey:  "payment.captured",
 			ContentType: "application/json",
 			Body:        []byte(`{"order":"o-1","amount":4200}`),
+			MessageID:   "payment-captured-o-1",
 		})
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	b, err := outbox.Pending(ctx, pool, schema)
+	b, err := ob.Pending(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	var id string
-	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+schema+".outbox").Scan(&id); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+schemaName+".outbox").Scan(&id); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("pending:", b.Pending)
-	fmt.Println("message id:", id, id == outbox.MessageID(claim, 1))
+	fmt.Println("message id:", id)
 	// Output:
 	// pending: 1
-	// message id: idemq-ac9a7d49858c321b7d16c5fb443098f4 true
+	// message id: payment-captured-o-1
 }
 
 // A relay runs until its context ends (here SIGINT or SIGTERM), then
@@ -74,7 +76,11 @@ func ExampleRelay_Run() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	relay, err := outbox.NewRelay(pool, "amqp://guest:guest@127.0.0.1:5672/", &outbox.RelayConfig{
+	ob, err := outbox.New(pool, nil) // the outbox in schema.Default
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(ob, "amqp://guest:guest@127.0.0.1:5672/", &outbox.RelayConfig{
 		ConnectionName: "billing-relay",
 	})
 	if err != nil {

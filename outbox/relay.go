@@ -30,6 +30,7 @@ const instrumentationName = "github.com/idemq/idemq/outbox"
 // may run side by side on one outbox: each claims its own rows (FOR UPDATE
 // SKIP LOCKED). See Run.
 type Relay struct {
+	ob     *Outbox
 	pool   *pgxpool.Pool
 	dial   DialFunc
 	cfg    RelayConfig
@@ -45,12 +46,12 @@ type Relay struct {
 	}
 }
 
-// NewRelay returns a relay that moves the outbox rows in pool to the broker
-// at amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
+// NewRelay returns a relay that moves the rows of ob to the broker at
+// amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
 // is never logged.
-func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, error) {
-	if pool == nil {
-		return nil, errors.New("outbox: new relay: nil pool")
+func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
+	if ob == nil {
+		return nil, errors.New("outbox: new relay: nil outbox")
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
@@ -67,12 +68,14 @@ func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, err
 		}
 		dial = dialURL(amqpURL, c.ConnectionName)
 	}
+	schema := ob.cfg.Schema
 	r := &Relay{
-		pool:   pool,
+		ob:     ob,
+		pool:   ob.pool,
 		dial:   dial,
 		cfg:    c,
-		sql:    newRelayStatements(c.Schema),
-		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", c.Schema),
+		sql:    newRelayStatements(schema),
+		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", schema),
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
 		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
 	}
@@ -81,7 +84,7 @@ func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, err
 		return nil, fmt.Errorf("outbox: new relay: metrics: %w", err)
 	}
 	r.inst = inst
-	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(c.Schema))
+	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(schema))
 	return r, nil
 }
 
@@ -255,7 +258,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 		}
 	}
 	bo := r.reconnectBackoff()
-	channel := ChannelName(r.cfg.Schema)
+	channel := ChannelName(r.ob.cfg.Schema)
 	for ctx.Err() == nil {
 		err := func() error {
 			cfg := r.pool.Config().ConnConfig.Copy()

@@ -86,7 +86,7 @@ func TestModuleGraphIsTheKeptList(t *testing.T) {
 // forbidden are modules only the binary may build with.
 var forbidden = []string{
 	"github.com/spf13/cobra", "github.com/schollz/progressbar", "github.com/prometheus/",
-	"google.golang.org/grpc", "go.opentelemetry.io/otel/exporters/",
+	"google.golang.org/grpc", "go.opentelemetry.io/otel/exporters/", "github.com/jackc/tern",
 }
 
 // TestLibraryBuildsWithoutTheBinarysDependencies lists every package the

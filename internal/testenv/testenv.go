@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -33,18 +34,18 @@ type Env struct {
 func New(tb testing.TB) *Env {
 	tb.Helper()
 	pool := testdb.Pool(tb, 20)
-	schema := testdb.Schema(tb, pool)
+	name := testdb.Schema(tb, pool)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, name); err != nil {
 		tb.Fatalf("migrate: %v", err)
 	}
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: name})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	conn := testamqp.Dial(tb)
-	return &Env{TB: tb, Pool: pool, Schema: schema, Store: store, Pub: testamqp.Channel(tb, conn)}
+	return &Env{TB: tb, Pool: pool, Schema: name, Store: store, Pub: testamqp.Channel(tb, conn)}
 }
 
 // ConsumerConfig returns the config of a consumer of a fresh queue whose

@@ -27,7 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -152,7 +152,8 @@ type scenario struct {
 	skip string
 }
 
-const schema = "idemq_bench"
+// benchSchema holds the tables of the idemq runs (dropped and made again).
+const benchSchema = "idemq_bench"
 
 // refSchema holds benchref's tables (its search_path), riverSchema River's.
 const (
@@ -506,13 +507,13 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, que
 // resetSchema drops and recreates the bench schema: idemq's tables and the
 // ledger the handlers write.
 func resetSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+benchSchema+" CASCADE"); err != nil {
 		return err
 	}
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, benchSchema); err != nil {
 		return err
 	}
-	_, err := pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (key text NOT NULL)")
+	_, err := pool.Exec(ctx, "CREATE TABLE "+benchSchema+".ledger (key text NOT NULL)")
 	return err
 }
 
@@ -610,7 +611,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 		return Result{}, err
 	}
 	quiesce(ctx, b.pool)
-	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Queue: queue,
+	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
 		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx, Linger: sc.linger}
 	var res workerResult

@@ -218,7 +218,7 @@ func (b *bench) runWatermill(ctx context.Context, queue, dedupKind string) (work
 		"--concurrency", strconv.Itoa(b.o.Concurrency), "--prefetch", strconv.Itoa(max(1, b.o.Prefetch/b.o.Concurrency)),
 		"--dedup", dedupKind, "--max-duration", b.peerLimit().String()}
 	if dedupKind == "postgres" {
-		args = append(args, "--effect", "ledger", "--postgres-url", b.o.PostgresURL, "--schema", schema)
+		args = append(args, "--effect", "ledger", "--postgres-url", b.o.PostgresURL, "--schema", benchSchema)
 	}
 	line, usage, err := runPeer(ctx, b.peerLimit()+time.Minute, nil, b.watermillBin, args...)
 	if err != nil {

@@ -82,7 +82,7 @@ func deleteQueue(conn *amqp.Connection, queue string) {
 // preloadOutbox writes n rows to the outbox, to the default exchange with
 // queue as routing key, 5,000 per transaction (one COPY each).
 func preloadOutbox(ctx context.Context, pool *pgxpool.Pool, queue string, n, size int) error {
-	ob, err := outbox.New(&outbox.Config{Schema: schema})
+	ob, err := outbox.New(pool, &outbox.Config{Schema: benchSchema})
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func preloadOutbox(ctx context.Context, pool *pgxpool.Pool, queue string, n, siz
 	}
 	// What autovacuum would do to a table that big, before the relay plans
 	// its claims on it.
-	_, err = pool.Exec(ctx, "ANALYZE "+pgx.Identifier{schema, "outbox"}.Sanitize())
+	_, err = pool.Exec(ctx, "ANALYZE "+pgx.Identifier{benchSchema, "outbox"}.Sanitize())
 	return err
 }
 
@@ -108,7 +108,7 @@ func preloadOutbox(ctx context.Context, pool *pgxpool.Pool, queue string, n, siz
 func (b *bench) runPublishScenario(ctx context.Context, sc scenario, measure func() measured) (Result, error) {
 	o := b.o
 	stamp := time.Now().UnixNano()
-	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema,
+	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: o.Concurrency, Prefetch: o.Prefetch,
 		BodySize: o.BodySize, Window: publishWindow, BatchSize: sc.batch}
 	switch sc.mode {
@@ -279,8 +279,12 @@ func runRelay(ctx context.Context, spec workerSpec) (workerResult, error) {
 		return workerResult{}, err
 	}
 	defer pool.Close()
-	r, err := outbox.NewRelay(pool, spec.AMQPURL, &outbox.RelayConfig{
-		Schema: spec.Schema, BatchSize: spec.BatchSize, ConnectionName: "idemq-bench-relay",
+	ob, err := outbox.New(pool, &outbox.Config{Schema: spec.Schema})
+	if err != nil {
+		return workerResult{}, err
+	}
+	r, err := outbox.NewRelay(ob, spec.AMQPURL, &outbox.RelayConfig{
+		BatchSize: spec.BatchSize, ConnectionName: "idemq-bench-relay",
 		Logger: discardLogger(), MeterProvider: publishedMeter{add: t.settleN},
 	})
 	if err != nil {

@@ -42,7 +42,7 @@ func runSweep(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Con
 		if p.GroupSize == 1 {
 			m = modeSingle
 		}
-		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema,
+		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema,
 			Queue: queue, Count: n, MaxDuration: 5 * time.Second, Concurrency: p.Concurrency,
 			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize, Optimistic: true})
 		cleanupQueue(conn, queue)

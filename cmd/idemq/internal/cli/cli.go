@@ -25,7 +25,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"regexp"
 	"strings"
 	"time"
 
@@ -33,6 +32,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/telemetry"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -47,7 +47,6 @@ const (
 const (
 	DefaultPostgresURL    = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultAMQPURL        = "amqp://guest:guest@127.0.0.1:5672/"
-	DefaultSchema         = "idemq"
 	DefaultConnectTimeout = 5 * time.Second
 )
 
@@ -155,8 +154,6 @@ var envFlags = []struct{ flag, env string }{
 	{"connect-timeout", "IDEMQ_CONNECT_TIMEOUT"},
 }
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "idemq",
@@ -189,7 +186,7 @@ Exit codes: 0 success, 1 run-time failure, 2 bad usage.`,
 	f := root.PersistentFlags()
 	f.StringVar(&a.postgresURL, "postgres-url", DefaultPostgresURL, "Postgres URL of the key store and the outbox (env IDEMQ_POSTGRES_URL)")
 	f.StringVar(&a.amqpURL, "amqp-url", DefaultAMQPURL, "RabbitMQ URL, amqp:// or amqps:// (env IDEMQ_AMQP_URL)")
-	f.StringVar(&a.schema, "schema", DefaultSchema, "Postgres schema of idemq's tables (env IDEMQ_SCHEMA)")
+	f.StringVar(&a.schema, "schema", schema.Default, "Postgres schema of idemq's tables (env IDEMQ_SCHEMA)")
 	f.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error (env IDEMQ_LOG_LEVEL)")
 	f.StringVar(&a.logFormat, "log-format", "text", "log format on stderr: text or json (env IDEMQ_LOG_FORMAT)")
 	f.DurationVar(&a.connectTimeout, "connect-timeout", DefaultConnectTimeout, "how long to wait for Postgres and RabbitMQ to answer a connection (env IDEMQ_CONNECT_TIMEOUT)")
@@ -222,8 +219,9 @@ func (a *app) setup(cmd *cobra.Command, _ []string) error {
 			return usagef("environment variable %s: %s", ef.env, redact.Error(err))
 		}
 	}
-	if !schemaName.MatchString(a.schema) {
-		return usagef("--schema %q: want lowercase letters, digits and underscores, starting with a letter or underscore", a.schema)
+	if err := schema.Validate(a.schema); err != nil {
+		// "--schema "X": want …"
+		return usagef("--%w", err)
 	}
 	if a.connectTimeout <= 0 {
 		return usagef("--connect-timeout %s must be positive", a.connectTimeout)

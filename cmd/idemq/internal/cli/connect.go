@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -46,13 +46,12 @@ func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 // requireSchema fails with a pointer to `idemq migrate` when the schema's
 // tables do not exist yet.
 func (a *app) requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	applied, known, err := dedup.SchemaVersion(ctx, pool, a.schema)
-	var pgErr *pgconn.PgError
+	applied, known, err := schema.Version(ctx, pool, a.schema)
 	switch {
-	case errors.Is(err, dedup.ErrNotFound), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
-		return fmt.Errorf("schema %s is not migrated: run `idemq migrate --schema %s` first", a.schema, a.schema)
 	case err != nil:
 		return fmt.Errorf("read schema version of %s: %s", a.schema, cause(err, a.connectTimeout))
+	case applied == 0:
+		return fmt.Errorf("schema %s is not migrated: run `idemq migrate --schema %s` first", a.schema, a.schema)
 	case applied < known:
 		return fmt.Errorf("schema %s is at version %d, this idemq needs %d: run `idemq migrate --schema %s` first", a.schema, applied, known, a.schema)
 	}

@@ -241,8 +241,11 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			if err := a.startTelemetry(ctx, metricsAddr); err != nil {
 				return err
 			}
-			r, err := outbox.NewRelay(pool, a.amqpURL, &outbox.RelayConfig{
-				Schema:       a.schema,
+			ob, err := outbox.New(pool, &outbox.Config{Schema: a.schema})
+			if err != nil {
+				return err
+			}
+			r, err := outbox.NewRelay(ob, a.amqpURL, &outbox.RelayConfig{
 				BatchSize:    batch,
 				PollInterval: poll,
 				Logger:       a.log,

@@ -46,11 +46,15 @@ the longest redelivery of any queue feeding the key store.`,
 			if err != nil {
 				return err
 			}
+			ob, err := outbox.New(pool, &outbox.Config{Schema: a.schema})
+			if err != nil {
+				return err
+			}
 			keys, err := store.GC(ctx, retention)
 			if err != nil {
 				return err
 			}
-			rows, err := outbox.GC(ctx, pool, a.schema, retention, batch)
+			rows, err := ob.GC(ctx, retention, batch)
 			if err != nil {
 				return err
 			}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 func (a *app) migrateCommand() *cobra.Command {
@@ -28,10 +28,10 @@ once; a schema already up to date is left alone.`,
 				return err
 			}
 			defer pool.Close()
-			if err := dedup.Migrate(ctx, pool, a.schema); err != nil {
+			if err := schema.Migrate(ctx, pool, a.schema); err != nil {
 				return err
 			}
-			applied, known, err := dedup.SchemaVersion(ctx, pool, a.schema)
+			applied, known, err := schema.Version(ctx, pool, a.schema)
 			if err != nil {
 				return err
 			}

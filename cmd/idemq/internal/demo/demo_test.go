@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/demo"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -161,9 +161,9 @@ func TestUnreachable(t *testing.T) {
 
 func TestRefusesForeignSchema(t *testing.T) {
 	t.Parallel()
-	_, err := demo.Run(context.Background(), demo.Options{Schema: dedup.DefaultSchema}, &bytes.Buffer{})
+	_, err := demo.Run(context.Background(), demo.Options{Schema: schema.Default}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "must contain \"demo\"") {
-		t.Fatalf("err = %v, want a refusal to reset schema %q", err, dedup.DefaultSchema)
+		t.Fatalf("err = %v, want a refusal to reset schema %q", err, schema.Default)
 	}
 }
 

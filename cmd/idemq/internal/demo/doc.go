@@ -3,7 +3,7 @@
 //
 // # What it does
 //
-// Run resets a demo schema (dedup.Migrate plus a charges ledger) and a demo
+// Run resets a demo schema (schema.Migrate plus a charges ledger) and a demo
 // queue topology, starts worker processes, publishes thousands of payment
 // messages with publisher confirms, kills one worker with SIGKILL mid-run and
 // starts a replacement, waits until every message has settled, stops the

@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -68,15 +68,15 @@ func connectAMQP(ctx context.Context, url string, wait time.Duration) (*amqp.Con
 }
 
 // resetSchema drops the demo schema and creates it again: the key store's
-// tables (dedup.Migrate), the ledger of card charges, the publication log and
+// tables (schema.Migrate), the ledger of card charges, the publication log and
 // the event log.
-func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	s := pgx.Identifier{schema}.Sanitize()
+func resetSchema(ctx context.Context, pool *pgxpool.Pool, schemaName string) error {
+	s := pgx.Identifier{schemaName}.Sanitize()
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-		return fmt.Errorf("reset schema %s: %w", schema, err)
+		return fmt.Errorf("reset schema %s: %w", schemaName, err)
 	}
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
-		return fmt.Errorf("reset schema %s: %w", schema, err)
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
+		return fmt.Errorf("reset schema %s: %w", schemaName, err)
 	}
 	ddl := `
 -- The effect: one card charge per applied payment. Deliberately no unique
@@ -121,7 +121,7 @@ CREATE TABLE ` + s + `.events (
     at                timestamptz NOT NULL DEFAULT now()
 );`
 	if _, err := pool.Exec(ctx, ddl); err != nil {
-		return fmt.Errorf("create demo tables in %s: %w", schema, err)
+		return fmt.Errorf("create demo tables in %s: %w", schemaName, err)
 	}
 	return nil
 }

@@ -63,8 +63,8 @@ type Config struct {
 	Exchange string
 	// RoutingKey, when set, replaces the routing key of every message.
 	RoutingKey string
-	// Relay configures the stage's outbox relay; its Schema is taken from
-	// the store.
+	// Relay configures the stage's outbox relay, which publishes the outbox
+	// of the store's schema.
 	Relay outbox.RelayConfig
 	// DrainTimeout bounds the final flush of the outbox at shutdown.
 	// Default DefaultDrainTimeout.
@@ -74,6 +74,7 @@ type Config struct {
 // Stage is a running forwarder: consumer plus relay.
 type Stage struct {
 	store    *dedup.Store
+	outbox   *outbox.Outbox
 	consumer *consumer.Consumer
 	relay    *outbox.Relay
 	cfg      Config
@@ -93,12 +94,11 @@ func New(store *dedup.Store, cfg Config) (*Stage, error) {
 	if cfg.Consumer.Logger == nil {
 		cfg.Consumer.Logger = slog.Default()
 	}
-	schema := store.Config().Schema
-	ob, err := outbox.New(&outbox.Config{Schema: schema})
+	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
 	if err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
-	s := &Stage{store: store, cfg: cfg, counts: map[consumer.Outcome]int64{}}
+	s := &Stage{store: store, outbox: ob, cfg: cfg, counts: map[consumer.Outcome]int64{}}
 	s.log = cfg.Consumer.Logger.With("stage", "forward", "queue", cfg.Consumer.Queue, "consumer", cfg.Consumer.Name, "to_exchange", cfg.Exchange)
 
 	ccfg := cfg.Consumer
@@ -120,11 +120,10 @@ func New(store *dedup.Store, cfg Config) (*Stage, error) {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
 	rcfg := cfg.Relay
-	rcfg.Schema = schema
 	if rcfg.Logger == nil {
 		rcfg.Logger = cfg.Consumer.Logger
 	}
-	r, err := outbox.NewRelay(store.Pool(), cfg.Consumer.URL, &rcfg)
+	r, err := outbox.NewRelay(ob, cfg.Consumer.URL, &rcfg)
 	if err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
@@ -176,7 +175,7 @@ func (s *Stage) drain() {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		b, err := outbox.Pending(ctx, s.store.Pool(), s.store.Config().Schema)
+		b, err := s.outbox.Pending(ctx)
 		if err == nil && b.Pending == 0 {
 			return
 		}

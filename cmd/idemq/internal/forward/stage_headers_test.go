@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -27,11 +28,11 @@ func TestStageForwardsHeadersUnchanged(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, 10)
-	schema := testdb.Schema(t, pool)
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	schemaName := testdb.Schema(t, pool)
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		t.Fatalf("new store: %v", err)
 	}

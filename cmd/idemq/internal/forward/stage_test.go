@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/wire"
@@ -35,11 +36,11 @@ func runStage(t *testing.T, mod func(*consumer.Config)) *stageEnv {
 	t.Helper()
 	ctx := context.Background()
 	pool := testdb.Pool(t, 10)
-	schema := testdb.Schema(t, pool)
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	schemaName := testdb.Schema(t, pool)
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		t.Fatal(err)
 	}
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := testamqp.Name(t, "it.metrics.missing-exchange")
-	ob, err := outbox.New(&outbox.Config{Schema: e.Schema})
+	ob, err := outbox.New(e.Pool, &outbox.Config{Schema: e.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,8 +78,8 @@ func TestMetrics(t *testing.T) {
 		return consumer.Response{}, ob.Enqueue(ctx, tx, outbox.Message{Exchange: missing, Body: d.Body})
 	})
 	relayConn := "idemq-test-relay-" + e.Schema
-	relay, err := outbox.NewRelay(e.Pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.Schema, MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		MeterProvider: tel.MeterProvider(), PollInterval: 100 * time.Millisecond,
 		ConnectionName: relayConn, RetryInitial: 10 * time.Minute, RetryMax: 10 * time.Minute, Logger: cfg.Logger,
 	})
 	if err != nil {
