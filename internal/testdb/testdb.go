@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup/deduptest"
 )
 
 // DefaultURL is the database used when IDEMQ_TEST_POSTGRES_URL is unset.
@@ -59,26 +60,12 @@ func open(tb testing.TB, cfg *pgxpool.Config, unreachable string) *pgxpool.Pool 
 	return pool
 }
 
-// Schema returns a fresh, unique schema name for one test and drops the
-// schema (and everything in it) when the test ends.
+// Schema returns a fresh, unique schema name for one test, not created,
+// and drops the schema (and everything in it) when the test ends: see
+// deduptest.SchemaName. Most tests want deduptest.Schema, migrated.
 func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 	tb.Helper()
-	name := "idemq_t_" + RandomHex(6)
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		// The pool may already be closed by an earlier cleanup; use a fresh connection.
-		conn, err := pgx.Connect(ctx, URL())
-		if err != nil {
-			tb.Logf("testdb: drop schema %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
-			tb.Logf("testdb: drop schema %s: %v", name, err)
-		}
-	})
-	return name
+	return deduptest.SchemaName(tb, pool)
 }
 
 // RandomHex returns n random bytes as hex, for unique names in tests.
