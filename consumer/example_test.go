@@ -1,11 +1,13 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,8 +16,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testamqp"
-	"github.com/idemq/idemq/internal/testdb"
 )
 
 // A payment handler in a few lines: the charge row and the key's completion
@@ -23,7 +23,10 @@ import (
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The services the tests use (IDEMQ_TEST_*_URL, else the local ones).
+	pgURL := cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	amqpURL := cmp.Or(os.Getenv("IDEMQ_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	pool, err := pgxpool.New(ctx, pgURL)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -42,7 +45,7 @@ func Example() {
 		return consumer.Response{Code: 201}, err
 	}
 	cfg := &consumer.Config{
-		URL: testamqp.URL(), Queue: queue, Name: "charge",
+		URL: amqpURL, Queue: queue, Name: "charge",
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) { outcomes <- e.Outcome },
 	}
@@ -56,7 +59,7 @@ func Example() {
 	done := make(chan error)
 	go func() { done <- c.Run(ctx) }()
 
-	conn, _ := amqp.Dial(testamqp.URL())
+	conn, _ := amqp.Dial(amqpURL)
 	defer conn.Close()
 	ch, _ := conn.Channel()
 	defer deleteTopology(ch, c.Topology())

@@ -1,15 +1,16 @@
 package dedup_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log"
+	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testdb"
 )
 
 // The reserve → complete flow: the first delivery acquires the key and
@@ -17,7 +18,8 @@ import (
 // duplicate that gets the stored response back without running anything.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The database the tests use (IDEMQ_TEST_POSTGRES_URL, else the local one).
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,54 +1,64 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log"
 	"os"
 	"os/signal"
 	"syscall"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
 )
 
 // A handler writes its message into the outbox in the same transaction as
 // its business rows: the message exists if and only if the transaction
-// commits. Under the claim of the key being handled, its message id is
-// derived from the claim, the same on every retry.
+// commits. The consumer runtime puts the claim of the key being handled in
+// the handler's context, so the message id is derived from the claim, the
+// same on every retry. Here consumertest.RunHandler runs the handler as the
+// runtime does.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The database the tests use (IDEMQ_TEST_POSTGRES_URL, else the local one).
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := "idemq_example_" + testdb.RandomHex(4)
+	schema := "idemq_example_outbox"
+	pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE") //nolint:errcheck
 	if err := dedup.Migrate(ctx, pool, schema); err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	// The consumer runtime sets the claim before it runs the handler.
-	claim := outbox.Claim{Schema: schema, Consumer: "payments", Key: "charge-o-1"}
-	hctx := outbox.WithClaim(ctx, claim)
-
-	err = pgx.BeginFunc(hctx, pool, func(tx pgx.Tx) error {
+	charge := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		// ... charge the card, write the business rows in tx ...
-		return outbox.Enqueue(hctx, tx, outbox.Message{
+		return consumer.Response{}, outbox.Enqueue(ctx, tx, outbox.Message{
 			Exchange:    "payments",
 			RoutingKey:  "payment.captured",
 			ContentType: "application/json",
 			Body:        []byte(`{"order":"o-1","amount":4200}`),
 		})
-	})
-	if err != nil {
-		log.Fatal(err)
 	}
+	t := &testing.T{} // in a test, the test's own
+	r := consumertest.NewRunner(store, charge, &consumer.Config{Name: "payments"})
+	res := r.Run(t, amqp.Publishing{MessageId: "charge-o-1", Body: []byte(`{"order":"o-1"}`)})
+	fmt.Println(res.Outcome)
+
 	b, err := outbox.Pending(ctx, pool, schema)
 	if err != nil {
 		log.Fatal(err)
@@ -57,9 +67,11 @@ func Example() {
 	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+schema+".outbox").Scan(&id); err != nil {
 		log.Fatal(err)
 	}
+	claim := outbox.Claim{Schema: schema, Consumer: "payments", Key: "charge-o-1"}
 	fmt.Println("pending:", b.Pending)
 	fmt.Println("message id:", id, id == outbox.MessageID(claim, 1))
 	// Output:
+	// processed
 	// pending: 1
 	// message id: idemq-ac9a7d49858c321b7d16c5fb443098f4 true
 }

@@ -42,7 +42,7 @@ func ExampleRunHandler() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	t := &testing.T{}
+	t := &testing.T{} // in a test, the test's own
 
 	gatewayDown := true
 	order := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
