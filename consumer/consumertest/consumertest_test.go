@@ -155,6 +155,31 @@ func TestStepsResumeAfterAFailedRun(t *testing.T) {
 	}
 }
 
+// TestRedeliveryResumesAfterTheLastStep: the same message delivered again
+// (as after a crash) takes the released key over and skips the step the
+// failed run committed.
+func TestRedeliveryResumesAfterTheLastStep(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	fail := true
+	handle := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		err := d.Step(ctx, "ship", func(ctx context.Context, tx pgx.Tx) error {
+			return f.effect(ctx, tx, d.Key, "shipped")
+		})
+		if err == nil && fail {
+			err = errors.New("mail server down")
+		}
+		return consumer.Response{Code: 200}, err
+	}
+	wantOutcome(t, consumertest.RunHandler(t, f.store, handle, message("order-9")), consumer.OutcomeRetried)
+	fail = false
+	res := consumertest.RunHandler(t, f.store, handle, message("order-9"))
+	wantOutcome(t, res, consumer.OutcomeProcessed)
+	if got := f.effects(t, "order-9"); fmt.Sprint(got) != "[shipped]" || res.Record.Attempts != 2 {
+		t.Fatalf("effects %q after %d attempts, want the step once after 2", got, res.Record.Attempts)
+	}
+}
+
 // TestRejectionIsStoredAndReplayed: a business rejection commits the
 // handler's writes with the rejection; a duplicate gets it back.
 func TestRejectionIsStoredAndReplayed(t *testing.T) {

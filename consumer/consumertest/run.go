@@ -49,8 +49,8 @@ type Runner struct {
 // consumer's configuration: Name scopes the keys (default DefaultName);
 // HandlerTimeout, MaxAttempts, the key, tenant and fingerprint settings,
 // HeaderKeys, NoReply and OnOutcome apply as in a consumer; Queue defaults
-// to DefaultQueue and URL is not used; GroupSize is always 1. A nil Logger
-// logs to the test's log.
+// to DefaultQueue and URL is never dialled; each Run is one delivery, a
+// group of one. A nil Logger logs to the test's log.
 func NewRunner(store *dedup.Store, h consumer.Handler, cfg *consumer.Config) *Runner {
 	var c consumer.Config
 	if cfg != nil {
