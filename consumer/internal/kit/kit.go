@@ -16,8 +16,9 @@ import (
 // come from the broker, on a session whose publisher records the messages
 // it would publish (the retry or dead-letter copy, the reply) and confirms
 // each at once, and whose acks are recorded. c is a *consumer.Consumer that
-// never ran. It returns an error only when the run could not start (the
-// store's schema is not migrated).
+// never ran (typed any: this package cannot import consumer, which imports
+// it). It returns an error only when the run could not start (the store's
+// schema is not migrated).
 //
 // Package consumer sets it when it is initialised.
 var Process func(ctx context.Context, c any, d amqp.Delivery) (Run, error)
