@@ -334,10 +334,19 @@ func (c *Consumer) session(ctx context.Context) error {
 
 // session is the state workers share during one connection.
 type session struct {
-	pub    *confirm.Publisher
+	pub    publisher
 	stop   chan struct{}
 	acks   *ackWindow // nil with IndividualAcks
 	budget *byteBudget
+}
+
+// publisher publishes the copies that settle deliveries and waits for the
+// broker's confirm: a confirm.Publisher on the session's channel, or the
+// test kit's recorder (direct.go).
+type publisher interface {
+	PublishWait(ctx context.Context, exchange, routingKey string, msg amqp.Publishing) error
+	// FrameMax is the connection's frame_max, which a copy must fit in.
+	FrameMax() int
 }
 
 // flush sends the acks made ready so far (see ackWindow).

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/wire"
@@ -229,7 +230,7 @@ func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 			return h.ledgerEffect(ctx, tx, d)
 		})
 		h.publish("slow-1", `{}`, nil)
-		waitUntil(t, 10*time.Second, "first handler call", func() bool { return calls.Load() == 1 })
+		consumertest.WaitFor(t, 10*time.Second, "first handler call", func() bool { return calls.Load() == 1 })
 		h.publish("slow-1", `{}`, nil) // the redelivery, while the first handler is stuck
 		h.waitEvents(20*time.Second, "takeover", func(evs []consumer.Event) bool { return countOutcomes(evs)[consumer.OutcomeProcessed] == 1 })
 		close(secondDone)
@@ -266,7 +267,7 @@ func TestHeartbeatKeepsSlowHandlerLease(t *testing.T) {
 			return h.ledgerEffect(ctx, tx, d)
 		})
 		h.publish("long-1", `{}`, nil)
-		waitUntil(t, 10*time.Second, "handler start", func() bool { return calls.Load() == 1 })
+		consumertest.WaitFor(t, 10*time.Second, "handler start", func() bool { return calls.Load() == 1 })
 		h.publish("long-1", `{}`, nil)
 		// The copy keeps finding the key busy for 3 lease lengths: the heartbeat holds it.
 		h.waitEvents(20*time.Second, "busy copies", func(evs []consumer.Event) bool {
@@ -303,17 +304,6 @@ func TestRetentionGuard(t *testing.T) {
 			t.Fatalf("New with AllowShortRetention: %v", err)
 		}
 	})
-}
-
-func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestNonStringKeyHeaderIsInvalid: a key header that is present but not a
