@@ -174,19 +174,22 @@ func withCTE(async string) string {
 // takeover is the conflict clause of both reservation statements: take the
 // row over only when its lease has expired and the operation is the same.
 const takeover = `ON CONFLICT (consumer, tenant, key) DO UPDATE
-    SET lease_token  = excluded.lease_token,
-        locked_until = excluded.locked_until,
-        attempts     = k.attempts + 1,
-        trace_id     = coalesce(excluded.trace_id, k.trace_id),
-        span_id      = coalesce(excluded.span_id, k.span_id),
+    SET lease_token    = excluded.lease_token,
+        locked_until   = excluded.locked_until,
+        attempts       = k.attempts + 1,
+        trace_id       = coalesce(excluded.trace_id, k.trace_id),
+        span_id        = coalesce(excluded.span_id, k.span_id),
         release_reason = NULL,
-        updated_at   = now()
+        updated_at     = now()
     WHERE k.state = 'in_progress'
       AND k.locked_until <= now()
       AND k.fingerprint = excluded.fingerprint
 `
 
-// recordColumns is the column list scanRecord reads, each prefixed (a table alias and a dot, or "").
+// recordColumns is the column list scanRecord reads, each prefixed (a table
+// alias and a dot, or ""). A row is released when it is in progress with no
+// lease token: every reservation writes one, and only Release clears it
+// without completing; its release_reason counts only then.
 func recordColumns(p string) string {
 	return strings.NewReplacer("$", p).Replace(`$consumer, $tenant, $key, $state, $fingerprint,
     ($state = 'in_progress' AND $locked_until > now()), $locked_until,
