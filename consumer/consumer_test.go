@@ -123,7 +123,7 @@ func TestEveryOutcome(t *testing.T) {
 		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m == "optimistic" || m == "batch")) {
 			t.Fatalf("infra handler ran %d times, want MaxAttempts=3", got)
 		}
-		rec, err := h.store.Inspect(context.Background(), "payments", "", "reject-1")
+		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "reject-1"})
 		if err != nil || rec.Result.Outcome != dedup.OutcomeRejected || rec.Result.Code != 402 {
 			t.Fatalf("stored rejection %+v %v", rec, err)
 		}
@@ -154,7 +154,7 @@ func TestEveryOutcome(t *testing.T) {
 			t.Fatalf("DLQ reasons %v, want %v", reasons, wantReasons)
 		}
 		// No key left in progress with a valid lease, and released keys kept their attempts.
-		rec, err = h.store.Inspect(context.Background(), "payments", "", "infra-1")
+		rec, err = h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "infra-1"})
 		if err != nil || rec.State != dedup.StateInProgress || rec.LeaseValid || rec.Attempts != 3 {
 			t.Fatalf("infra key after max attempts: %+v %v", rec, err)
 		}
@@ -189,7 +189,7 @@ func TestInfraFailureTwiceThenSuccess(t *testing.T) {
 		if eff := h.effects(); eff["flaky-1"] != 1 {
 			t.Fatalf("effects %v", eff)
 		}
-		rec, err := h.store.Inspect(context.Background(), "payments", "", "flaky-1")
+		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "flaky-1"})
 		if err != nil || rec.Attempts != 3 || rec.State != dedup.StateCompleted {
 			t.Fatalf("key %+v %v, want completed after 3 attempts", rec, err)
 		}

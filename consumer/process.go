@@ -104,7 +104,8 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 		c.deadLetter(s, it, ReasonKeyInvalid, err)
 		return false
 	}
-	it.ev = Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant, scoped: true}
+	scope := dedup.Scope{Consumer: c.cfg.Name, Tenant: tenant, Key: key}
+	it.ev = Event{KeyHash: scope.KeyHash(), Tenant: tenant, scoped: true}
 	it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
 	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
 		it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
@@ -122,7 +123,7 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 		traceID, spanID = sc.TraceID().String(), sc.SpanID().String()
 	}
 	it.claim = dedup.Claim{
-		Consumer: c.cfg.Name, Tenant: tenant, Key: key, Fingerprint: fp,
+		Scope: scope, Fingerprint: fp,
 		TraceID: traceID, SpanID: spanID, Lease: c.cfg.Lease,
 	}
 	return true

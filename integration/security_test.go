@@ -436,7 +436,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = store.Reserve(ctx, dedup.Claim{Consumer: "c", Key: "k"})
+		_, err = store.Reserve(ctx, dedup.Claim{Scope: dedup.Scope{Consumer: "c", Key: "k"}})
 		if err == nil {
 			t.Fatal("reserve against a closed port succeeded")
 		}
@@ -663,12 +663,12 @@ func TestTenantIsolationEndToEnd(t *testing.T) {
 	}
 	// Each tenant reads only its own row, with its own response.
 	for _, tn := range []string{"tenant-a", "tenant-b"} {
-		rec, err := e.store.Inspect(ctx, "payments", tn, "shared-op")
+		rec, err := e.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: tn, Key: "shared-op"})
 		if err != nil || rec.Tenant != tn || string(rec.Result.Response) != "for "+tn {
 			t.Fatalf("inspect %s: %+v, %v", tn, rec, err)
 		}
 	}
-	if _, err := e.store.Inspect(ctx, "payments", "tenant-c", "shared-op"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := e.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: "tenant-c", Key: "shared-op"}); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("inspect from tenant-c: %v, want ErrNotFound", err)
 	}
 
