@@ -14,13 +14,6 @@ import (
 	"github.com/idemq/idemq/internal/header"
 )
 
-// ReasonHeadersTooLarge is the dead-letter reason of a delivery whose copy
-// cannot carry its headers in one frame of the connection's frame_max,
-// even with idemq's own optional headers dropped and the error text cut.
-// Its dead letter keeps the body and properties; the largest headers are
-// dropped, and x-idemq-error names them.
-const ReasonHeadersTooLarge = "headers_too_large"
-
 // optionalHeaders are dropped, in this order, from a copy that does not fit
 // in one frame: first what only helps an operator read it.
 var optionalHeaders = []string{HeaderFirstSeen, HeaderOriginalExchange, HeaderOriginalRouting, "tracestate", "traceparent"}
@@ -118,7 +111,7 @@ func deathReserve(t Topology) int {
 	deaths := make([]any, 0, len(queues))
 	for _, q := range queues {
 		deaths = append(deaths, amqp.Table{
-			"count": int64(1 << 62), "reason": "delivery_limit", "queue": q, "time": time.Unix(1<<40, 0),
+			"count": int64(1 << 62), "reason": ReasonDeliveryLimit, "queue": q, "time": time.Unix(1<<40, 0),
 			"exchange": t.DLX, "routing-keys": []any{q}, "original-expiration": "4294967295",
 		})
 	}
@@ -126,7 +119,7 @@ func deathReserve(t Topology) int {
 	for _, kind := range []string{"first", "last"} {
 		h["x-"+kind+"-death-exchange"] = t.DLX
 		h["x-"+kind+"-death-queue"] = queues[len(queues)-1]
-		h["x-"+kind+"-death-reason"] = "delivery_limit"
+		h["x-"+kind+"-death-reason"] = ReasonDeliveryLimit
 	}
 	n, err := fieldtable.Size(h)
 	if err != nil {

@@ -19,12 +19,13 @@ var (
 	ErrNotFound = errors.New("key not found")
 
 	// ErrKeyRequired means the message carries no idempotency key.
-	// Its reason word, for dead letters, is ReasonKeyRequired.
-	ErrKeyRequired = errors.New(ReasonKeyRequired)
+	// The consumer dead-letters it with reason idempotency_key_required.
+	ErrKeyRequired = errors.New("idempotency_key_required")
 
 	// ErrKeyInvalid means the key is longer than MaxKeyLen bytes, is not
-	// valid UTF-8, or contains control characters. Its reason word is ReasonKeyInvalid.
-	ErrKeyInvalid = errors.New(ReasonKeyInvalid)
+	// valid UTF-8, or contains control characters. The consumer
+	// dead-letters it with reason idempotency_key_invalid.
+	ErrKeyInvalid = errors.New("idempotency_key_invalid")
 
 	// ErrDuplicate is what Reservation.Err returns for a key already completed.
 	ErrDuplicate = errors.New("duplicate: key already completed")
@@ -33,8 +34,9 @@ var (
 	ErrBusy = errors.New("busy: key is in progress under another lease")
 
 	// ErrKeyReuse is what Reservation.Err returns when the key was first used
-	// for an operation with another fingerprint.
-	ErrKeyReuse = errors.New(ReasonKeyReuse)
+	// for an operation with another fingerprint. The consumer dead-letters
+	// it with reason idempotency_key_reuse.
+	ErrKeyReuse = errors.New("idempotency_key_reuse")
 
 	// ErrNotMigrated means a table this build needs does not exist: run
 	// Migrate (or `idemq migrate`).
@@ -43,13 +45,6 @@ var (
 	// ErrFingerprint means the significant content could not be read (for
 	// example, a field fingerprint over a body that is not a JSON object).
 	ErrFingerprint = errors.New("fingerprint")
-)
-
-// Reason words: the values of the x-idemq-reason header on dead letters.
-const (
-	ReasonKeyRequired = "idempotency_key_required"
-	ReasonKeyInvalid  = "idempotency_key_invalid"
-	ReasonKeyReuse    = "idempotency_key_reuse"
 )
 
 // interpretError maps driver errors to the package's sentinels. It is the one

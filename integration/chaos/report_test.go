@@ -453,7 +453,7 @@ func deadLetterReason(h amqp.Table) string {
 			}
 		}
 	}
-	return "unknown"
+	return consumer.ReasonUnknown
 }
 
 // String prints the report.

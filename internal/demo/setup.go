@@ -273,7 +273,7 @@ func deadLetterReason(h amqp.Table) string {
 			}
 		}
 	}
-	return "unknown"
+	return consumer.ReasonUnknown
 }
 
 var errNotSettled = errors.New("not every message settled")

@@ -22,7 +22,8 @@
 // A dead letter's reason is its x-idemq-reason header, written by the idemq
 // consumer, else for a message the broker dead-lettered itself (the work
 // queue's x-delivery-limit, a TTL, a length limit) the reason of the latest
-// x-death entry: delivery_limit, expired, maxlen or rejected.
+// x-death entry: delivery_limit, expired, maxlen or rejected. The words are
+// the consumer package's Reason* constants.
 package dlq
 
 import (
@@ -42,16 +43,14 @@ import (
 // DefaultConfirmTimeout bounds the wait for the broker's confirm of one copy.
 const DefaultConfirmTimeout = 30 * time.Second
 
-// ReasonUnknown is the reason of a message that carries none.
-const ReasonUnknown = "unknown"
-
 // Name returns the DLQ of work queue q.
 func Name(q string) string { return q + ".dlq" }
 
 // Letter describes one dead letter.
 type Letter struct {
 	MessageID string `json:"message_id"`
-	// Reason is x-idemq-reason, else the latest x-death reason, else ReasonUnknown.
+	// Reason is x-idemq-reason, else the latest x-death reason, else
+	// consumer.ReasonUnknown (the words are the consumer's Reason* constants).
 	Reason string `json:"reason"`
 	// ByBroker reports that the broker dead-lettered the message itself
 	// (the reason comes from x-death).
@@ -111,7 +110,7 @@ func Parse(d *amqp.Delivery) Letter {
 		}
 	}
 	if l.Reason == "" {
-		l.Reason = ReasonUnknown
+		l.Reason = consumer.ReasonUnknown
 	}
 	return l
 }

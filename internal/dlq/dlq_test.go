@@ -56,7 +56,7 @@ func TestParse(t *testing.T) {
 		t.Errorf("broker dead letter: %+v", l)
 	}
 
-	if l = dlq.Parse(&amqp.Delivery{}); l.Reason != dlq.ReasonUnknown {
+	if l = dlq.Parse(&amqp.Delivery{}); l.Reason != consumer.ReasonUnknown {
 		t.Errorf("no reason: %+v", l)
 	}
 }
