@@ -50,7 +50,10 @@ type Config struct {
 	// Queue is the work queue Q; the topology adds Q.retry.<delay>, Q.dlx, Q.dlq.
 	Queue string
 	// Name is the stable name of the handler: keys are unique per
-	// (Name, tenant, key). Two handlers of one message need two names.
+	// (Name, tenant, key), the dedup.Scope's Consumer. Two handlers of one
+	// message need two names. It is the --consumer of the idemq CLI, the
+	// attribute idemq.consumer of the process spans and metrics, and the
+	// field "consumer" of the logs.
 	Name string
 
 	// Concurrency is the number of deliveries handled at once. Default 8.

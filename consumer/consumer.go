@@ -25,6 +25,12 @@ import (
 // instrumentation is the name of the tracer and meter.
 const instrumentation = "github.com/idemq/idemq/consumer"
 
+// attrConsumer is the attribute that carries Config.Name, the scope of the
+// consumer's keys, on its process spans and on every measurement of its
+// metrics (the Prometheus label idemq_consumer); its logs call it "consumer",
+// as does the CLI's --consumer flag.
+const attrConsumer = "idemq.consumer"
+
 // ErrRetentionTooShort means the key retention is shorter than the longest
 // redelivery horizon: a retry arriving after its key was deleted would run
 // the handler again.

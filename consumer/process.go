@@ -52,7 +52,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.destination.name", c.cfg.Queue),
 			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
-			attribute.String("messaging.consumer.group.name", c.cfg.Name),
+			attribute.String(attrConsumer, c.cfg.Name),
 			attribute.Int("messaging.message.body.size", len(d.Body)),
 			attribute.Int("idemq.attempt", attempt),
 		))

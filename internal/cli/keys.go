@@ -103,7 +103,7 @@ short hash is. Exits 1 with "key not found" when the key has no row.`,
 		}),
 	}
 	f := inspect.Flags()
-	f.StringVar(&name, "consumer", "", "the consumer (stage) name whose scope holds the key (required)")
+	f.StringVar(&name, "consumer", "", "the consumer (stage) name whose scope holds the key: its consumer.Config.Name, the --consumer of forward (required)")
 	f.StringVar(&tenant, "tenant", "", "the tenant of the key (default: the default tenant, empty)")
 	f.BoolVar(&hashed, "hashed", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
