@@ -34,7 +34,7 @@ const attrConsumer = "idemq.consumer"
 // ErrRetentionTooShort means the key retention is shorter than the longest
 // redelivery horizon: a retry arriving after its key was deleted would run
 // the handler again.
-var ErrRetentionTooShort = errors.New("key retention is shorter than the redelivery horizon")
+var ErrRetentionTooShort = errors.New("the key retention is shorter than the redelivery horizon")
 
 // Consumer consumes one work queue, claims each message's key before its
 // handler runs, and routes every delivery to exactly one outcome.
@@ -364,7 +364,7 @@ func (s *session) nack(d *amqp.Delivery) {
 // means a close without an error (the library closed the channel).
 func closeReason(e *amqp.Error) error {
 	if e == nil {
-		return errors.New("closed")
+		return errors.New("no error given")
 	}
 	return e
 }

@@ -101,7 +101,7 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 // ErrStepInBatch is what Delivery.Step returns to a BatchHandler with
 // Config.BatchReserveInTx: its deliveries' keys are reserved in the batch's
 // own transaction, which a step's transaction cannot see.
-var ErrStepInBatch = errors.New("step: a batch handler's keys are reserved in the batch's transaction; use a per-message handler for steps")
+var ErrStepInBatch = errors.New("a batch handler cannot run steps: its keys are reserved in the batch's transaction, which a step's transaction cannot see")
 
 // DerivedKey returns a deterministic key for one step of this operation, to
 // pass to an external API (a payment gateway) whose own deduplication then
@@ -134,7 +134,7 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // to the DLQ with reason permanent_error.
 func Permanent(err error) error {
 	if err == nil {
-		err = errors.New("permanent error")
+		err = errors.New("no cause given")
 	}
 	return &PermanentError{Err: err}
 }

@@ -12,7 +12,7 @@ import (
 
 // ErrHandlerTimeout is the cause of a handler's context that ended at
 // HandlerTimeout; the delivery's Event.Err wraps it.
-var ErrHandlerTimeout = errors.New("handler timeout")
+var ErrHandlerTimeout = errors.New("the handler timed out")
 
 // errLeaseLostByBeat is the cause of a handler's context that ended because
 // the heartbeat found its lease lost; it wraps dedup.ErrLeaseLost.

@@ -151,7 +151,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		return false
 	case dedup.KeyReuse:
 		it.ev.Outcome = OutcomeKeyReuse
-		c.deadLetter(s, it, ReasonKeyReuse, errors.New("key reused with another fingerprint"))
+		c.deadLetter(s, it, ReasonKeyReuse, dedup.ErrKeyReuse)
 		return false
 	}
 	c.acquire(it, res.Lease)
