@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,6 +105,19 @@ func TestEveryOutcome(t *testing.T) {
 			if counts[o] != n {
 				t.Errorf("outcome %s: %d, want %d (all: %v)", o, counts[o], n, counts)
 			}
+		}
+		// The panic's failures carry its value and the stack, down to the handler.
+		panics := 0
+		for _, ev := range evs {
+			if pe := (*consumer.PanicError)(nil); errors.As(ev.Err, &pe) {
+				panics++
+				if pe.Value != "nil map in card network client" || !bytes.Contains(pe.Stack, []byte("consumer_test.go")) {
+					t.Errorf("panic error: value %v, stack:\n%s", pe.Value, pe.Stack)
+				}
+			}
+		}
+		if panics == 0 {
+			t.Error("no event carries the handler's *PanicError")
 		}
 		// Effects: only committed outcomes (ok and the rejection's own rows) remain.
 		eff := h.effects()

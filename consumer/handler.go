@@ -164,14 +164,20 @@ func storedResult(resp Response, err error) (dedup.Result, error) {
 	return dedup.Result{}, err
 }
 
-// PanicError is the infrastructure failure a handler's panic turns into.
+// PanicError is the infrastructure failure a handler's panic turns into:
+// the delivery is retried like any other failure, Event.Err is (or wraps)
+// the *PanicError, and the runtime logs the stack. It does not unwrap to the
+// panic's value, so that a panic is never routed as the error it carried.
 type PanicError struct {
+	// Value is what the handler passed to panic.
 	Value any
-	// Stack is the goroutine's stack where the handler panicked.
+	// Stack is the panicking goroutine's stack (runtime/debug.Stack), taken
+	// where the panic was recovered: its frames include the handler's.
 	Stack []byte
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+// Error says that the handler panicked and with what; the stack is in Stack.
+func (e *PanicError) Error() string { return fmt.Sprintf("the handler panicked: %v", e.Value) }
 
 // BatchHandler handles a batch of deliveries in one transaction: whatever
 // it writes in tx commits together with the completion of every key of the
