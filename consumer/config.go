@@ -237,6 +237,25 @@ func (c *Config) withDefaults(groupSize int) Config {
 	return out
 }
 
+// TopologyConfig returns the topology settings of c, defaults filled: the
+// topology the consumer declares on connect, which Apply and `idemq topology
+// apply` declare ahead of it. Apply connects as the consumer does (its
+// AMQPConfig and ConnectionName).
+func (c *Config) TopologyConfig() TopologyConfig {
+	d := c.WithDefaults()
+	return TopologyConfig{
+		Queue:           d.Queue,
+		MaxAttempts:     d.MaxAttempts,
+		RetryInitial:    d.RetryInitial,
+		RetryMultiplier: d.RetryMultiplier,
+		RetryMax:        d.RetryMax,
+		DeliveryLimit:   d.DeliveryLimit,
+		ClassicQueues:   d.ClassicQueues,
+		AMQPConfig:      d.AMQPConfig,
+		ConnectionName:  d.ConnectionName,
+	}.WithDefaults()
+}
+
 func (c Config) validate() error {
 	var errs []error
 	if c.URL == "" {

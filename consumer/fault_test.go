@@ -173,7 +173,7 @@ func (h *harness) queuesEmpty() bool {
 		h.t.Fatal(err)
 	}
 	defer ch.Close()
-	topo := consumer.NewTopology(&h.cfg)
+	topo := consumer.NewTopology(h.cfg.TopologyConfig())
 	names := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		names = append(names, topo.TierName(d))

@@ -265,7 +265,7 @@ func TestAMQPTLSConfigReachesTheDialer(t *testing.T) {
 			MinVersion:   tls.VersionTLS12,
 		}},
 	}
-	if err := consumer.Apply(&cfg); err == nil {
+	if err := consumer.Apply(t.Context(), cfg.URL, cfg.TopologyConfig()); err == nil {
 		t.Fatal("apply against a TLS listener that speaks no AMQP succeeded")
 	}
 	select {
@@ -398,7 +398,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 
 	t.Run("consumer, closed port", func(t *testing.T) {
 		cfg := consumer.Config{URL: amqpURL(closedPort(t), amqpSecret), Queue: "redact", Name: "redact", Logger: logs.logger()}
-		if err := consumer.Apply(&cfg); err == nil {
+		if err := consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err == nil {
 			t.Fatal("apply against a closed port succeeded")
 		} else {
 			assertNoSecret(t, "consumer.Apply error", err.Error(), secrets...)
