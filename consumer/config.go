@@ -130,10 +130,6 @@ type Config struct {
 
 	// Lease overrides the store's lease for this consumer's keys when positive.
 	Lease time.Duration
-	// DisableHeartbeat stops the runtime from extending leases while a
-	// handler runs. Only for tests of fencing: a handler slower than its
-	// lease then loses its key and cannot commit.
-	DisableHeartbeat bool
 
 	// MaxAttempts is how many times a message is handled before it goes to
 	// the DLQ with reason max_attempts_exceeded. Default 5.
@@ -181,8 +177,6 @@ type Config struct {
 	// NoReply stops the runtime from answering reply_to with the stored
 	// response (for stages that forward the message to the real handler).
 	NoReply bool
-	// AllowShortRetention turns the retention guard's refusal into a warning.
-	AllowShortRetention bool
 	// LogKeys puts raw keys into span attributes (off: a short hash only;
 	// logs always carry only the hash).
 	LogKeys bool
@@ -198,6 +192,24 @@ type Config struct {
 	OnOutcome func(Event)
 	// ConnectionName names the AMQP connections in the broker's UI.
 	ConnectionName string
+
+	// Testing holds the knobs for tests only. Production code leaves it zero.
+	Testing TestKnobs
+}
+
+// TestKnobs are settings for tests only, never for production: each turns
+// off a guard that keeps a consumer safe, so that a test can reach a state
+// the guard would prevent.
+type TestKnobs struct {
+	// DisableHeartbeat stops the runtime from extending leases while a
+	// handler runs. Test-only, for tests of fencing: a handler slower than
+	// its lease then loses its key and cannot commit.
+	DisableHeartbeat bool
+	// AllowShortRetention turns New's refusal of a store whose retention is
+	// shorter than the retry horizon (ErrRetentionTooShort) into a warning.
+	// Test-only, for tests with short retentions: in production a late
+	// retry of a key already deleted would run twice.
+	AllowShortRetention bool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

@@ -67,7 +67,7 @@ type Consumer struct {
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
 // is invalid (Queue, Name and URL are required). New refuses a store whose
-// retention is shorter than the retry horizon, unless AllowShortRetention.
+// retention is shorter than the retry horizon, unless Testing.AllowShortRetention.
 func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("consumer: nil handler")
@@ -103,7 +103,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	}
 	topo := NewTopology(c.TopologyConfig())
 	if horizon, retention := topo.Horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
-		if !c.AllowShortRetention {
+		if !c.Testing.AllowShortRetention {
 			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
 		}
 		c.Logger.Warn("key retention is shorter than the retry horizon; late retries may run twice",

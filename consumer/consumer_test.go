@@ -219,7 +219,7 @@ func TestInfraFailureTwiceThenSuccess(t *testing.T) {
 func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
-			c.Lease, c.DisableHeartbeat, c.Concurrency = time.Second, true, 2
+			c.Lease, c.Testing.DisableHeartbeat, c.Concurrency = time.Second, true, 2
 			c.RetryInitial = 100 * time.Millisecond
 		})
 		var calls atomic.Int64
@@ -309,9 +309,9 @@ func TestRetentionGuard(t *testing.T) {
 		if _, err := consumer.New(short, h.ledgerEffect, &cfg); !errors.Is(err, consumer.ErrRetentionTooShort) {
 			t.Fatalf("New with 1m retention: %v, want ErrRetentionTooShort", err)
 		}
-		cfg.AllowShortRetention = true
+		cfg.Testing.AllowShortRetention = true
 		if _, err := consumer.New(short, h.ledgerEffect, &cfg); err != nil {
-			t.Fatalf("New with AllowShortRetention: %v", err)
+			t.Fatalf("New with Testing.AllowShortRetention: %v", err)
 		}
 	})
 }
