@@ -81,23 +81,28 @@ func (c TopologyConfig) validate() error {
 //	Q.retry.<delay>   one delay tier per retry delay (TTL, dead-letters back to Q)
 //	Q.dlx → Q.dlq     the dead-letter exchange (fanout) and queue
 type Topology struct {
-	Queue       string
-	DLX, DLQ    string
-	Delays      []time.Duration
-	Classic     bool
-	DeliveryLim int
+	// Queue is the work queue Q.
+	Queue string
+	// DLX and DLQ are Q.dlx and Q.dlq.
+	DLX, DLQ string
+	// Delays are the delays of the retry tiers, shortest first.
+	Delays []time.Duration
+	// ClassicQueues: the queues are classic, not quorum, queues.
+	ClassicQueues bool
+	// DeliveryLimit is the work queue's x-delivery-limit (quorum queues only).
+	DeliveryLimit int
 }
 
 // NewTopology returns the topology cfg shapes (defaults applied).
 func NewTopology(cfg TopologyConfig) Topology {
 	c := cfg.WithDefaults()
 	return Topology{
-		Queue:       c.Queue,
-		DLX:         c.Queue + ".dlx",
-		DLQ:         c.Queue + ".dlq",
-		Delays:      RetryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
-		Classic:     c.ClassicQueues,
-		DeliveryLim: c.DeliveryLimit,
+		Queue:         c.Queue,
+		DLX:           c.Queue + ".dlx",
+		DLQ:           c.Queue + ".dlq",
+		Delays:        RetryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
+		ClassicQueues: c.ClassicQueues,
+		DeliveryLimit: c.DeliveryLimit,
 	}
 }
 
@@ -165,7 +170,7 @@ func (t Topology) TierName(d time.Duration) string {
 
 func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 	args := amqp.Table{}
-	if !t.Classic {
+	if !t.ClassicQueues {
 		args["x-queue-type"] = "quorum"
 		// At-least-once dead-lettering, which RabbitMQ honours only with
 		// reject-publish overflow; otherwise it falls back to at-most-once.
@@ -191,8 +196,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("bind %s to %s: %w", t.DLQ, t.DLX, err)
 	}
 	work := amqp.Table{"x-dead-letter-exchange": t.DLX}
-	if !t.Classic {
-		work["x-delivery-limit"] = int64(t.DeliveryLim)
+	if !t.ClassicQueues {
+		work["x-delivery-limit"] = int64(t.DeliveryLimit)
 	}
 	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, t.queueArgs(work)); err != nil {
 		return fmt.Errorf("declare queue %s: %w", t.Queue, err)

@@ -133,13 +133,13 @@ the same topology on connect, so give them the same flags.`,
 
 func printTopology(a *app, topo consumer.Topology) {
 	kind := "quorum"
-	if topo.Classic {
+	if topo.ClassicQueues {
 		kind = "classic"
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "queue\t%s\twork queue (%s", topo.Queue, kind)
-	if !topo.Classic {
-		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLim)
+	if !topo.ClassicQueues {
+		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLimit)
 	}
 	fmt.Fprintf(w, ", dead-letters to %s)\n", topo.DLX)
 	for _, d := range topo.Delays {
