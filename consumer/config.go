@@ -273,9 +273,6 @@ func (c Config) validate() error {
 	if c.URL == "" {
 		errs = append(errs, errors.New("broker URL is required"))
 	}
-	if c.Queue == "" {
-		errs = append(errs, errors.New("queue name is required"))
-	}
 	if c.Name == "" {
 		errs = append(errs, errors.New("consumer name (the stable scope of its keys) is required"))
 	}
@@ -284,9 +281,6 @@ func (c Config) validate() error {
 	}
 	if c.Concurrency < 1 || c.Prefetch < 1 {
 		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))
-	}
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
 	}
 	if c.HeaderKeys != nil {
 		if err := configuredKeys(c.HeaderKeys).Validate(); err != nil {
@@ -299,8 +293,7 @@ func (c Config) validate() error {
 	if c.MaxInFlightBytes < 0 {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
-	if c.RetryMultiplier < 1 {
-		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))
-	}
+	// The queue, attempts and retry settings: as the topology checks them.
+	errs = append(errs, c.TopologyConfig().validate())
 	return errors.Join(errs...)
 }
