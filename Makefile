@@ -16,11 +16,11 @@ IDEMQ_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disab
 IDEMQ_TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 
-# The chaos tests may live in a module of their own (heavy test-only tools).
-CHAOS_DIR := $(if $(wildcard integration/chaos/go.mod),integration/chaos,.)
-CHAOS_PKGS := $(if $(wildcard integration/chaos/go.mod),./...,./integration/chaos/...)
+# The library (.), the binary (cmd/idemq) and the end-to-end tests
+# (integration) are three modules tied by go.work; a pattern names each.
+PKGS := ./... ./cmd/idemq/... ./integration/...
 
-.PHONY: help up test lint demo bench chaos fuzz build jaeger
+.PHONY: help up test lint demo bench chaos fuzz build jaeger tidy
 
 help: ## Show this list of targets
 	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
@@ -34,17 +34,17 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 	@# The tracing test runs a real Jaeger: build it once (about 10 minutes cold,
 	@# then cached in ~/.cache/idemq; a no-op when it is there).
 	@bash deploy/jaeger/build.sh >/dev/null
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) ./...
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 	@# Every fuzz target for a bounded time (their seed corpora ran above).
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
 	@unformatted=$$(find . -name '*.go' -not -path './.git/*' -not -path './.cache/*' -not -path './vendor/*' -print0 | xargs -0 -r gofmt -l); \
 	if [[ -n $$unformatted ]]; then echo "gofmt: these files need formatting (gofmt -w):"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
 	@if command -v golangci-lint >/dev/null 2>&1; then \
-		echo 'golangci-lint run ./...'; golangci-lint run ./...; \
+		echo 'golangci-lint run $(PKGS)'; golangci-lint run $(PKGS); \
 	else \
 		echo 'golangci-lint not on PATH: skipped (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest)'; \
 	fi
@@ -56,7 +56,7 @@ bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--ful
 	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)
 
 chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
-	cd $(CHAOS_DIR) && $(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) $(CHAOS_PKGS)
+	$(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) ./integration/chaos/...
 
 # Fuzz targets as package:Target; make fuzz runs each for FUZZTIME. Their seed
 # corpora (testdata/fuzz) also run as plain tests in make test.
@@ -68,8 +68,8 @@ FUZZTIME ?= 10s
 # About 5 s per target on this machine.
 TEST_FUZZTIME ?= 20000x
 FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
-	consumer:FuzzExtractKey consumer:FuzzExtractTenant consumer:FuzzParseAttempt \
-	consumer:FuzzTraceContext consumer:FuzzDeadLetterHeaders \
+	internal/wire:FuzzExtractKey internal/wire:FuzzExtractTenant internal/wire:FuzzParseAttempt \
+	internal/wire:FuzzDeadLetterHeaders consumer:FuzzTraceContext \
 	internal/fieldtable:FuzzRoundTrip
 
 fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter header parsing and the field-table codec, FUZZTIME (10s) each
@@ -77,6 +77,17 @@ fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter head
 		pkg=$${target%%:*}; name=$${target##*:}; \
 		echo "fuzz ./$$pkg $$name for $(FUZZTIME)"; \
 		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) ./$$pkg || exit 1; \
+	done
+
+tidy: ## go mod tidy in each module (the binary and the tests against this checkout's library)
+	GOWORK=off $(GO) mod tidy
+	@# The binary and the tests require the library at a placeholder version
+	@# that go.work maps to this checkout; tidy sees it through a replace that
+	@# is dropped again (go install refuses a go.mod with replace directives).
+	@for m in cmd/idemq integration; do \
+		echo "go mod tidy in $$m"; \
+		(cd $$m && $(GO) mod edit -replace github.com/idemq/idemq=$(CURDIR) && \
+			{ GOWORK=off $(GO) mod tidy; rc=$$?; $(GO) mod edit -dropreplace github.com/idemq/idemq; exit $$rc; }) || exit 1; \
 	done
 
 build: ## Build the idemq binary into bin/idemq

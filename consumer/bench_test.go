@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // BenchmarkPrepare measures the per-delivery work before the database:
@@ -19,18 +20,18 @@ func BenchmarkPrepare(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		key, err := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader)
+		key, err := wire.ReadKey(d, consumer.DefaultKeyHeader)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if err := dedup.ValidateKey(key); err != nil {
 			b.Fatal(err)
 		}
-		tenant, err := consumer.ExtractTenant(d, consumer.DefaultTenantHeader, false)
+		tenant, err := wire.ReadTenant(d, consumer.DefaultTenantHeader, false)
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = consumer.ParseAttempt(d.Headers)
+		_ = wire.ParseAttempt(d.Headers)
 		_ = dedup.Scope{Consumer: "payments", Tenant: tenant, Key: key}.KeyHash()
 		if _, err := dedup.BodyFingerprint(d.Body); err != nil {
 			b.Fatal(err)
@@ -38,11 +39,12 @@ func BenchmarkPrepare(b *testing.B) {
 	}
 }
 
+// BenchmarkExtractKey measures reading the key from its header.
 func BenchmarkExtractKey(b *testing.B) {
 	d := &amqp.Delivery{Headers: amqp.Table{consumer.DefaultKeyHeader: []byte("order-2026-11-30-000042")}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if k, err := consumer.ExtractKey(d, nil, consumer.DefaultKeyHeader); k == "" || err != nil {
+		if k, err := wire.ReadKey(d, consumer.DefaultKeyHeader); k == "" || err != nil {
 			b.Fatal("no key")
 		}
 	}

@@ -18,8 +18,8 @@ import (
 //   - under HandlerTimeout, counted per call (one Handler call for one
 //     delivery, one BatchHandler call for its batch);
 //   - in a context that ends when its lease is lost (see heartbeat);
-//   - in a span "idemq handler", with the claim in its context (for
-//     outbox.Enqueue);
+//   - in a span "idemq handler", with the claim and the store's outbox in
+//     its context (for outbox.Enqueue);
 //   - on the runtime's transaction wrapped so that Commit and Rollback are
 //     refused: the runtime commits, once, after completing the keys;
 //   - with a panic recovered, stack included, as an infrastructure failure.

@@ -20,8 +20,9 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
-	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
+	"github.com/idemq/idemq/outbox"
 )
 
 // instrumentation is the name of the tracer and meter.
@@ -41,7 +42,10 @@ var ErrRetentionTooShort = errors.New("the key retention is shorter than the red
 // Consumer consumes one work queue, claims each message's key before its
 // handler runs, and routes every delivery to exactly one outcome.
 type Consumer struct {
-	store   *dedup.Store
+	store *dedup.Store
+	// outbox is the one in the store's schema, where the handlers'
+	// package-level outbox.Enqueue writes.
+	outbox  *outbox.Outbox
 	handler Handler
 	// batchHandler replaces handler in batch mode.
 	batchHandler BatchHandler
@@ -62,7 +66,7 @@ type Consumer struct {
 	inFlight     atomic.Int64
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
-	keys header.Keys
+	keys wire.Keys
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -102,7 +106,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	topo := NewTopology(c.TopologyConfig())
-	if horizon, retention := topo.Horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
+	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
 		if !c.Testing.AllowShortRetention {
 			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
 		}
@@ -117,8 +121,13 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
+	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
 	cons := &Consumer{
 		store:        store,
+		outbox:       ob,
 		handler:      h,
 		batchHandler: bh,
 		cfg:          c,
@@ -365,10 +374,19 @@ func (c *Consumer) session(ctx context.Context) error {
 
 // session is the state workers share during one connection.
 type session struct {
-	pub    *confirm.Publisher
+	pub    publisher
 	stop   chan struct{}
 	acks   *ackWindow // nil with IndividualAcks
 	budget *byteBudget
+}
+
+// publisher publishes the copies that settle deliveries and waits for the
+// broker's confirm: a confirm.Publisher on the session's channel, or the
+// test kit's recorder (direct.go).
+type publisher interface {
+	PublishWait(ctx context.Context, exchange, routingKey string, msg amqp.Publishing) error
+	// FrameMax is the connection's frame_max, which a copy must fit in.
+	FrameMax() int
 }
 
 // flush sends the acks made ready so far (see ackWindow).

@@ -15,8 +15,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 func TestConcurrentCopiesHaveOneEffect(t *testing.T) {
@@ -145,16 +147,18 @@ func TestEveryOutcome(t *testing.T) {
 		dlq := h.waitDLQ(7, 10*time.Second)
 		reasons := map[string]int{}
 		for _, d := range dlq {
-			r := header(d, consumer.HeaderReason)
+			// Read as idemq dlq list reads it.
+			l := wire.ReadLetter(&d)
+			r := l.Reason
 			reasons[r]++
-			if header(d, consumer.HeaderError) == "" || header(d, consumer.HeaderFirstSeen) == "" || header(d, consumer.HeaderAttempts) == "" {
+			if l.ByBroker || l.Error == "" || l.FirstSeen == "" || l.Attempts == 0 {
 				t.Errorf("dead letter %s lacks headers: %v", r, d.Headers)
 			}
-			if header(d, consumer.HeaderOriginalRouting) != h.cfg.Queue {
-				t.Errorf("dead letter %s: original routing key %q", r, header(d, consumer.HeaderOriginalRouting))
+			if l.OriginalRoutingKey != h.cfg.Queue {
+				t.Errorf("dead letter %s: original routing key %q", r, l.OriginalRoutingKey)
 			}
-			if r == consumer.ReasonMaxAttemptsExceeded && header(d, consumer.HeaderAttempts) != "3" {
-				t.Errorf("max attempts dead letter: attempts %s", header(d, consumer.HeaderAttempts))
+			if r == consumer.ReasonMaxAttemptsExceeded && l.Attempts != 3 {
+				t.Errorf("max attempts dead letter: attempts %d", l.Attempts)
 			}
 			if r == consumer.ReasonPermanentError && (d.MessageId != "permanent-1" || string(d.Body) != `{"amount":"x"}`) {
 				t.Errorf("permanent dead letter lost its message id or body: %q %q", d.MessageId, d.Body)
@@ -240,7 +244,7 @@ func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 			return h.ledgerEffect(ctx, tx, d)
 		})
 		h.publish("slow-1", `{}`, nil)
-		waitUntil(t, 10*time.Second, "first handler call", func() bool { return calls.Load() == 1 })
+		consumertest.WaitFor(t, 10*time.Second, "first handler call", func() bool { return calls.Load() == 1 })
 		h.publish("slow-1", `{}`, nil) // the redelivery, while the first handler is stuck
 		h.waitEvents(20*time.Second, "takeover", func(evs []consumer.Event) bool { return countOutcomes(evs)[consumer.OutcomeProcessed] == 1 })
 		close(secondDone)
@@ -277,7 +281,7 @@ func TestHeartbeatKeepsSlowHandlerLease(t *testing.T) {
 			return h.ledgerEffect(ctx, tx, d)
 		})
 		h.publish("long-1", `{}`, nil)
-		waitUntil(t, 10*time.Second, "handler start", func() bool { return calls.Load() == 1 })
+		consumertest.WaitFor(t, 10*time.Second, "handler start", func() bool { return calls.Load() == 1 })
 		h.publish("long-1", `{}`, nil)
 		// The copy keeps finding the key busy for 3 lease lengths: the heartbeat holds it.
 		h.waitEvents(20*time.Second, "busy copies", func(evs []consumer.Event) bool {
@@ -316,17 +320,6 @@ func TestRetentionGuard(t *testing.T) {
 	})
 }
 
-func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestNonStringKeyHeaderIsInvalid: a key header that is present but not a
 // string (an AMQP integer) is an invalid key, not a missing one.
 func TestNonStringKeyHeaderIsInvalid(t *testing.T) {
@@ -344,7 +337,7 @@ func TestNonStringKeyHeaderIsInvalid(t *testing.T) {
 		if len(dl) != 1 {
 			t.Fatalf("%d dead letters, want 1", len(dl))
 		}
-		if r := header(dl[0], consumer.HeaderReason); r != consumer.ReasonKeyInvalid {
+		if r := wire.ReadLetter(&dl[0]).Reason; r != consumer.ReasonKeyInvalid {
 			t.Fatalf("dead letter reason %q, want %s", r, consumer.ReasonKeyInvalid)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // Tests of the rule "a message is acked only after what replaces it is
@@ -93,7 +94,7 @@ func TestDLQDeletedWhileRunningKeepsTheMessage(t *testing.T) {
 			t.Fatalf("re-apply topology: %v", err)
 		}
 		got := h.waitDLQ(1, 30*time.Second)
-		if r := header(got[0], consumer.HeaderReason); r != consumer.ReasonKeyRequired {
+		if r := wire.ReadLetter(&got[0]).Reason; r != consumer.ReasonKeyRequired {
 			t.Errorf("dead letter reason %q, want %q", r, consumer.ReasonKeyRequired)
 		}
 		stop()
@@ -192,10 +193,10 @@ func TestCopyThatCannotFitIsDeadLetteredHeadersTooLarge(t *testing.T) {
 		got := h.waitDLQ(1, 60*time.Second)
 		stop()
 		d := got[0]
-		if r := header(d, consumer.HeaderReason); r != consumer.ReasonHeadersTooLarge {
+		if r := wire.ReadLetter(&d).Reason; r != consumer.ReasonHeadersTooLarge {
 			t.Errorf("reason %q, want %q", r, consumer.ReasonHeadersTooLarge)
 		}
-		if e := header(d, consumer.HeaderError); !strings.Contains(e, "dropped: pad") {
+		if e := wire.ReadLetter(&d).Error; !strings.Contains(e, "dropped: pad") {
 			t.Errorf("error header %q does not name the dropped header", e)
 		}
 		if string(d.Body) != `{"big":"headers"}` || d.MessageId != "k-full" {

@@ -63,4 +63,10 @@
 // Run owns the reconnect loop (with backoff), re-declares the topology and
 // consumes again; when its context ends it stops consuming, lets in-flight
 // handlers finish within ShutdownTimeout, acks them and returns nil.
+//
+// # Testing handlers
+//
+// Package consumer/consumertest runs a handler through this pipeline against
+// a real Postgres without a broker (RunHandler) and reports the outcome, the
+// stored response and the copy that would have been published.
 package consumer

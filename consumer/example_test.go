@@ -1,11 +1,13 @@
 package consumer_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,8 +16,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testamqp"
-	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // A payment handler in a few lines: the charge row and the key's completion
@@ -23,26 +24,29 @@ import (
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The services the tests use (IDEMQ_TEST_*_URL, else the local ones).
+	pgURL := cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	amqpURL := cmp.Or(os.Getenv("IDEMQ_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	pool, err := pgxpool.New(ctx, pgURL)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema, queue := "idemq_example_consumer", "example.payments"
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	dbSchema, queue := "idemq_example_consumer", "example.payments"
+	if err := schema.Migrate(ctx, pool, dbSchema); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")                     //nolint:errcheck
-	pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+schema+".charges (order_id text, body jsonb)") //nolint:errcheck
-	store, _ := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+dbSchema+" CASCADE")                     //nolint:errcheck
+	pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+dbSchema+".charges (order_id text, body jsonb)") //nolint:errcheck
+	store, _ := dedup.NewStore(pool, &dedup.Config{Schema: dbSchema})
 
 	outcomes := make(chan consumer.Outcome, 2)
 	charge := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".charges VALUES ($1, $2)", d.Key, d.Body)
+		_, err := tx.Exec(ctx, "INSERT INTO "+dbSchema+".charges VALUES ($1, $2)", d.Key, d.Body)
 		return consumer.Response{Code: 201}, err
 	}
 	cfg := &consumer.Config{
-		URL: testamqp.URL(), Queue: queue, Name: "charge",
+		URL: amqpURL, Queue: queue, Name: "charge",
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) { outcomes <- e.Outcome },
 	}
@@ -56,7 +60,7 @@ func Example() {
 	done := make(chan error)
 	go func() { done <- c.Run(ctx) }()
 
-	conn, _ := amqp.Dial(testamqp.URL())
+	conn, _ := amqp.Dial(amqpURL)
 	defer conn.Close()
 	ch, _ := conn.Channel()
 	defer deleteTopology(ch, c.Topology())
@@ -74,7 +78,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	var charges int
-	pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schema+".charges").Scan(&charges) //nolint:errcheck
+	pool.QueryRow(context.Background(), "SELECT count(*) FROM "+dbSchema+".charges").Scan(&charges) //nolint:errcheck
 	fmt.Println("charges:", charges)
 	// Output:
 	// processed

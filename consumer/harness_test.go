@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -41,19 +42,19 @@ type harness struct {
 func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 	t.Helper()
 	pool := testdb.Pool(t, 40)
-	schema := testdb.Schema(t, pool)
+	schemaName := testdb.Schema(t, pool)
 	ctx := context.Background()
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (key text NOT NULL, tenant text NOT NULL DEFAULT '', attempt int, at timestamptz DEFAULT clock_timestamp())"); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schemaName+".ledger (key text NOT NULL, tenant text NOT NULL DEFAULT '', attempt int, at timestamptz DEFAULT clock_timestamp())"); err != nil {
 		t.Fatal(err)
 	}
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, pool: pool, store: store, schema: schema, notify: make(chan struct{}, 1), mode: m}
+	h := &harness{t: t, pool: pool, store: store, schema: schemaName, notify: make(chan struct{}, 1), mode: m}
 	queue := testamqp.Name(t, "q")
 	h.cfg = consumer.Config{
 		URL:             testamqp.URL(),
@@ -259,17 +260,6 @@ func (h *harness) waitQueue(name string, timeout time.Duration, what string, con
 			h.t.Fatalf("%s after %s: %d messages, %d consumers; want %s", name, timeout, q.Messages, q.Consumers, what)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func header(d amqp.Delivery, name string) string {
-	switch v := d.Headers[name].(type) {
-	case string:
-		return v
-	case nil:
-		return ""
-	default:
-		return fmt.Sprint(v)
 	}
 }
 

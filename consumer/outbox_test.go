@@ -38,7 +38,7 @@ func TestOutboxRowsCommitWithTheKeyAndKeepTheirIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claim := outbox.Claim{Schema: h.schema, Consumer: "payments", Key: "order-77"}
+		claim := outbox.Claim{Consumer: "payments", Key: "order-77"}
 		want := []string{outbox.MessageID(claim, 1), outbox.MessageID(claim, 2)}
 		if fmt.Sprint(ids) != fmt.Sprint(want) {
 			t.Fatalf("outbox message ids %v, want %v (only the committed attempt's, derived from the key)", ids, want)

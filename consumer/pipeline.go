@@ -131,6 +131,11 @@ func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Deli
 	for _, d := range ds {
 		items = append(items, c.begin(ctx, d))
 	}
+	c.processItems(ctx, s, items)
+}
+
+// processItems takes the items of a group, just begun, to their outcomes.
+func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) {
 	// Claim what can be claimed; repeats of a key within the group wait for
 	// the group to end and then run as a group of their own (they find a
 	// duplicate, or the key free again).

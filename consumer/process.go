@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // item is one delivery on its way to an outcome.
@@ -42,7 +43,7 @@ type item struct {
 func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 	verified, attempt := c.trust(d), 1
 	if verified {
-		attempt = ParseAttempt(d.Headers)
+		attempt = wire.ParseAttempt(d.Headers)
 	}
 	parent := c.prop.Extract(ctx, headerCarrier(d.Headers))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
@@ -85,7 +86,7 @@ func (c *Consumer) finish(it *item) {
 // claimed is settled here (to the DLQ) and prepare returns false.
 func (c *Consumer) prepare(s *session, it *item) bool {
 	d := it.d
-	key, err := ExtractKey(d, c.cfg.KeyFunc, c.cfg.KeyHeader)
+	key, err := c.keyOf(d)
 	if err == nil {
 		err = dedup.ValidateKey(key)
 	}
@@ -147,7 +148,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		// Come back when the lease ends, but look again within busyRecheck:
 		// the holder usually finishes long before its lease would expire.
 		wait := min(time.Until(derefTime(res.Record.LockedUntil)), busyRecheck)
-		c.retryLater(s, it, c.topo.TierAtLeast(wait), nil)
+		c.retryLater(s, it, c.topo.tierAtLeast(wait), nil)
 		return false
 	case dedup.KeyReuse:
 		it.ev.Outcome = OutcomeKeyReuse
@@ -162,7 +163,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 	d := it.d
 	it.lease = lease
-	origExchange, origRoutingKey := origin(d)
+	origExchange, origRoutingKey := wire.Origin(d)
 	it.del = &Delivery{
 		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
 		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,

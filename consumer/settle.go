@@ -13,8 +13,8 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
-	"github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // settleTimeout bounds the broker writes that settle a delivery after its
@@ -59,12 +59,12 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 		// Another worker owns the key now; its outcome stands. Come back
 		// later: by then the key is completed (a duplicate) or free again.
 		it.ev.Outcome = OutcomeLeaseLost
-		c.retryLater(s, it, c.topo.TierFor(1), herr)
+		c.retryLater(s, it, c.topo.tierFor(1), herr)
 	case IsPermanent(herr):
 		c.deadLetter(s, it, ReasonPermanentError, herr)
 	case bystander:
 		it.ev.Outcome = OutcomeRetried
-		c.retryLater(s, it, c.topo.TierFor(1), herr)
+		c.retryLater(s, it, c.topo.tierFor(1), herr)
 	default:
 		c.retryOrDeadLetter(s, it, herr)
 	}
@@ -99,7 +99,7 @@ func (c *Consumer) retryOrDeadLetter(s *session, it *item, cause error) {
 		return
 	}
 	it.ev.Outcome = OutcomeRetried
-	if c.publishThenAck(s, it, "", c.topo.TierFor(it.attempt), RetryHeaders(it.attempt+1), "idemq retry publish") {
+	if c.publishThenAck(s, it, "", c.topo.tierFor(it.attempt), wire.RetryHeaders(it.attempt+1), "idemq retry publish") {
 		c.metrics.retries.Add(it.ctx, 1, c.metrics.with())
 	}
 }
@@ -108,7 +108,7 @@ func (c *Consumer) retryOrDeadLetter(s *session, it *item, cause error) {
 // attempt (busy key, lost lease, a group-mate's failure).
 func (c *Consumer) retryLater(s *session, it *item, tier string, cause error) {
 	it.ev.Err = cause
-	c.publishThenAck(s, it, "", tier, RetryHeaders(it.attempt), "idemq retry publish")
+	c.publishThenAck(s, it, "", tier, wire.RetryHeaders(it.attempt), "idemq retry publish")
 }
 
 // deadLetter publishes a copy to Q.dlx with the reason headers, then acks.
@@ -119,7 +119,7 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 		it.ev.Outcome = OutcomeDeadLettered
 	}
 	it.ev.Reason, it.ev.Err = reason, cause
-	if c.publishThenAck(s, it, c.topo.DLX, "", DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
+	if c.publishThenAck(s, it, c.topo.DLX, "", wire.DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
 		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.with(attribute.String("reason", reason)))
 		c.log.Warn("dead-lettered", "reason", reason, "key_hash", it.ev.KeyHash, "attempt", it.attempt, "err", redact.Error(cause))
 	}
@@ -146,12 +146,12 @@ func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, he
 		// which adds headers of its own.
 		budget -= c.deathReserve
 	}
-	tooLarge := !trimToFit(&msg, budget)
+	tooLarge := !wire.Fit(&msg, budget)
 	if tooLarge {
 		// Even trimmed, the copy would not fit in one frame (sending it would
 		// make the broker close the connection): dead-letter it with the
 		// headers it can carry.
-		tooLargeCopy(&msg, s.pub.FrameMax(), ParseAttempt(headers))
+		wire.TooLarge(&msg, s.pub.FrameMax(), ReasonHeadersTooLarge, wire.ParseAttempt(headers))
 		exchange, key = c.topo.DLX, ""
 		it.ev.Outcome, it.ev.Reason = OutcomeDeadLettered, ReasonHeadersTooLarge
 		span.SetAttributes(attribute.String("idemq.reason", ReasonHeadersTooLarge))
@@ -215,7 +215,7 @@ func (c *Consumer) reply(s *session, it *item, r *dedup.Result) error {
 		MessageId:     d.MessageId,
 		DeliveryMode:  amqp.Persistent,
 		Body:          r.Response,
-		Headers:       amqp.Table{header.Outcome: string(r.Outcome), header.ResponseCode: int32(r.Code)},
+		Headers:       amqp.Table{wire.HeaderOutcome: string(r.Outcome), wire.HeaderResponseCode: int32(r.Code)},
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.PublishTimeout)
 	defer cancel()

@@ -100,16 +100,16 @@ func NewTopology(cfg TopologyConfig) Topology {
 		Queue:         c.Queue,
 		DLX:           c.Queue + ".dlx",
 		DLQ:           c.Queue + ".dlq",
-		Delays:        RetryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
+		Delays:        retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
 		ClassicQueues: c.ClassicQueues,
 		DeliveryLimit: c.DeliveryLimit,
 	}
 }
 
-// RetryDelays returns the delay before each retry, as cenkalti/backoff's
+// retryDelays returns the delay before each retry, as cenkalti/backoff's
 // exponential policy (no jitter: the delays name fixed tiers) computes them:
 // one delay per retry, maxAttempts-1 in all, duplicates removed.
-func RetryDelays(initial time.Duration, multiplier float64, maxDelay time.Duration, maxAttempts int) []time.Duration {
+func retryDelays(initial time.Duration, multiplier float64, maxDelay time.Duration, maxAttempts int) []time.Duration {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(initial),
 		backoff.WithMultiplier(multiplier),
@@ -131,9 +131,9 @@ func RetryDelays(initial time.Duration, multiplier float64, maxDelay time.Durati
 	return out
 }
 
-// Horizon is the longest time from a message's first delivery to its last
+// horizon is the longest time from a message's first delivery to its last
 // retry: the sum of the delays of all retries. Keys must be retained longer.
-func (t Topology) Horizon(maxAttempts int) time.Duration {
+func (t Topology) horizon(maxAttempts int) time.Duration {
 	var sum time.Duration
 	for i := 1; i < maxAttempts; i++ {
 		sum += t.delayFor(i)
@@ -149,12 +149,12 @@ func (t Topology) delayFor(n int) time.Duration {
 	return t.Delays[len(t.Delays)-1]
 }
 
-// TierFor returns the tier queue holding messages for the retry after attempt n.
-func (t Topology) TierFor(n int) string { return t.TierName(t.delayFor(n)) }
+// tierFor returns the tier queue holding messages for the retry after attempt n.
+func (t Topology) tierFor(n int) string { return t.TierName(t.delayFor(n)) }
 
-// TierAtLeast returns the shortest tier whose delay is at least d (the
+// tierAtLeast returns the shortest tier whose delay is at least d (the
 // longest if none is): where busy keys wait for a lease to end.
-func (t Topology) TierAtLeast(d time.Duration) string {
+func (t Topology) tierAtLeast(d time.Duration) string {
 	for _, delay := range t.Delays {
 		if delay >= d {
 			return t.TierName(delay)

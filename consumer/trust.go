@@ -9,14 +9,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/header"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // configuredKeys are Config.HeaderKeys as signing keys: the first signs.
-func configuredKeys(secrets [][]byte) header.Keys {
-	ks := make(header.Keys, len(secrets))
+func configuredKeys(secrets [][]byte) wire.Keys {
+	ks := make(wire.Keys, len(secrets))
 	for i, s := range secrets {
-		ks[i] = header.Key{Secret: s}
+		ks[i] = wire.Key{Secret: s}
 	}
 	return ks
 }
@@ -24,7 +24,7 @@ func configuredKeys(secrets [][]byte) header.Keys {
 // headerKeys returns the keys that sign and verify idemq's headers:
 // Config.HeaderKeys, else those of the store's schema. A schema without
 // them is a fatal error (it needs `idemq migrate`).
-func (c *Consumer) headerKeys(ctx context.Context) (header.Keys, error) {
+func (c *Consumer) headerKeys(ctx context.Context) (wire.Keys, error) {
 	if c.cfg.HeaderKeys != nil {
 		return configuredKeys(c.cfg.HeaderKeys), nil
 	}
@@ -37,9 +37,9 @@ func (c *Consumer) headerKeys(ctx context.Context) (header.Keys, error) {
 	if err != nil {
 		return nil, err
 	}
-	ks := make(header.Keys, len(stored))
+	ks := make(wire.Keys, len(stored))
 	for i, k := range stored {
-		ks[i] = header.Key{Secret: k.Secret, SignsFrom: k.SignsFrom}
+		ks[i] = wire.Key{Secret: k.Secret, SignsFrom: k.SignsFrom}
 	}
 	if err := ks.Validate(); err != nil {
 		return nil, &fatalError{fmt.Errorf("table %s.header_keys: %w", c.store.Config().Schema, err)}
@@ -54,17 +54,17 @@ func (c *Consumer) trust(d *amqp.Delivery) bool {
 	if c.keys.Verify(d.Headers, d.MessageId, d.Body) {
 		return true
 	}
-	d.Headers = header.Strip(d.Headers)
+	d.Headers = wire.Strip(d.Headers)
 	return false
 }
 
 // tenantOf returns the delivery's tenant: the one a verified copy carries
 // (resolved by its first attempt), else the configured source's.
 func (c *Consumer) tenantOf(d *amqp.Delivery, verified bool) (string, error) {
-	if t, ok := d.Headers[HeaderTenant].(string); ok && verified {
-		return t, checkTenant(t)
+	if t, ok := wire.String(d.Headers[HeaderTenant]); ok && verified {
+		return t, wire.CheckTenant(t)
 	}
-	return ExtractTenant(d, c.cfg.TenantHeader, c.cfg.TenantFromUserID)
+	return wire.ReadTenant(d, c.cfg.TenantHeader, c.cfg.TenantFromUserID)
 }
 
 // replacement is the signed copy that replaces d, with extra headers and
@@ -74,19 +74,5 @@ func (c *Consumer) replacement(d *amqp.Delivery, ev Event, extra amqp.Table) amq
 	if ev.scoped {
 		extra[HeaderTenant] = ev.Tenant
 	}
-	return copyOf(d, time.Now(), extra, c.keys)
-}
-
-// origin is where d was first published: as a verified copy records it,
-// else d's own exchange and routing key. (The headers of a delivery that
-// did not verify are gone already; see trust.)
-func origin(d *amqp.Delivery) (exchange, routingKey string) {
-	exchange, routingKey = d.Exchange, d.RoutingKey
-	if v, ok := d.Headers[HeaderOriginalExchange].(string); ok {
-		exchange = v
-	}
-	if v, ok := d.Headers[HeaderOriginalRouting].(string); ok {
-		routingKey = v
-	}
-	return exchange, routingKey
+	return wire.Copy(d, time.Now(), extra, c.keys)
 }

@@ -18,9 +18,8 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/dlq"
-	hdr "github.com/idemq/idemq/internal/header"
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // logBuffer captures a consumer's logs.
@@ -164,15 +163,15 @@ func TestForgedAttemptCountsAsFirst(t *testing.T) {
 }
 
 // schemaKeys are the header keys migrating the harness's schema created.
-func (h *harness) schemaKeys() hdr.Keys {
+func (h *harness) schemaKeys() wire.Keys {
 	h.t.Helper()
 	keys, err := h.store.HeaderKeys(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	out := make(hdr.Keys, len(keys))
+	out := make(wire.Keys, len(keys))
 	for i, k := range keys {
-		out[i] = hdr.Key{Secret: k.Secret, SignsFrom: k.SignsFrom}
+		out[i] = wire.Key{Secret: k.Secret, SignsFrom: k.SignsFrom}
 	}
 	return out
 }
@@ -188,15 +187,15 @@ func TestOnlySignedHeadersAreTrusted(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) { c.TenantFromUserID = true })
 		keys := h.schemaKeys()
-		copyHeaders := func(id, body string, ks hdr.Keys) amqp.Table {
+		copyHeaders := func(id, body string, ks wire.Keys) amqp.Table {
 			t := amqp.Table{
-				"x-custom": "kept", hdr.Attempt: int32(2), hdr.Tenant: "alice",
-				hdr.FirstSeen: "2026-11-30T12:00:00Z", hdr.OriginalExchange: "orders", hdr.OriginalRoutingKey: "orders.created",
+				"x-custom": "kept", wire.HeaderAttempt: int32(2), wire.HeaderTenant: "alice",
+				wire.HeaderFirstSeen: "2026-11-30T12:00:00Z", wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalRoutingKey: "orders.created",
 			}
 			ks.Sign(t, id, []byte(body), time.Now())
 			return t
 		}
-		other := hdr.Keys{{Secret: []byte("another deployment's key, 32 b.")}}
+		other := wire.Keys{{Secret: []byte("another deployment's key, 32 b.")}}
 		cases := map[string]amqp.Table{
 			"intact":           copyHeaders("intact", "{}", keys),
 			"attempt altered":  copyHeaders("attempt altered", "{}", keys),
@@ -208,11 +207,11 @@ func TestOnlySignedHeadersAreTrusted(t *testing.T) {
 			"other body":       copyHeaders("other body", `{"amount":1000000}`, keys),
 			"no signature":     copyHeaders("no signature", "{}", keys),
 		}
-		cases["attempt altered"][hdr.Attempt] = int32(3)
-		cases["tenant altered"][hdr.Tenant] = "mallory"
-		cases["route altered"][hdr.OriginalRoutingKey] = "admin.delete"
-		cases["forged signature"][hdr.Signature] = "v1.ttttttttttttttttttttttttttttttttttttttttttt"
-		delete(cases["no signature"], hdr.Signature)
+		cases["attempt altered"][wire.HeaderAttempt] = int32(3)
+		cases["tenant altered"][wire.HeaderTenant] = "mallory"
+		cases["route altered"][wire.HeaderOriginalRoutingKey] = "admin.delete"
+		cases["forged signature"][wire.HeaderSignature] = "v1.ttttttttttttttttttttttttttttttttttttttttttt"
+		delete(cases["no signature"], wire.HeaderSignature)
 
 		type seen struct {
 			attempt int
@@ -224,7 +223,7 @@ func TestOnlySignedHeadersAreTrusted(t *testing.T) {
 		h.start(1, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 			s := seen{attempt: d.Attempt, tenant: d.Tenant}
 			for k := range d.Headers {
-				if strings.HasPrefix(k, hdr.Prefix) {
+				if strings.HasPrefix(k, wire.Prefix) {
 					s.ours = append(s.ours, k)
 				}
 			}
@@ -265,8 +264,8 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		newKey, oldKey := []byte("the new key of this deployment.."), []byte("the old key of this deployment..")
 		h := newHarness(t, m, func(c *consumer.Config) { c.HeaderKeys = [][]byte{newKey, oldKey} })
-		signed := func(id string, ks hdr.Keys) amqp.Table {
-			t := amqp.Table{hdr.Attempt: int32(2)}
+		signed := func(id string, ks wire.Keys) amqp.Table {
+			t := amqp.Table{wire.HeaderAttempt: int32(2)}
 			ks.Sign(t, id, []byte("{}"), time.Now())
 			return t
 		}
@@ -281,11 +280,11 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 				if d.Attempt == 1 {
 					return consumer.Response{}, errInfra
 				}
-				retrySigned = hdr.Keys{{Secret: newKey}}.Verify(d.Headers, d.MessageID, d.Body)
+				retrySigned = wire.Keys{{Secret: newKey}}.Verify(d.Headers, d.MessageID, d.Body)
 			}
 			return consumer.Response{}, nil
 		})
-		h.publish("old-key", "{}", signed("old-key", hdr.Keys{{Secret: oldKey}}))
+		h.publish("old-key", "{}", signed("old-key", wire.Keys{{Secret: oldKey}}))
 		h.publish("schema-key", "{}", signed("schema-key", h.schemaKeys()))
 		h.publish("fails-once", "{}", nil)
 		h.waitEvents(30*time.Second, "every message processed", func(evs []consumer.Event) bool { return finals(evs) >= 3 })
@@ -315,9 +314,10 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 }
 
 // TestReplayedDeadLetterKeepsItsTenant: alice's message is dead-lettered
-// (permanent error), then replayed by `idemq dlq replay`'s code, which holds
-// no header key. The replayed copy still verifies: it is handled as alice's
-// (same key scope), as a first attempt, once.
+// (permanent error), then replayed as `idemq dlq replay` replays it
+// (wire.ReplayCopy, made without a header key). The replayed copy still
+// verifies: it is handled as alice's (same key scope), as a first attempt,
+// once. (internal/dlq's tests run the replay command itself.)
 func TestReplayedDeadLetterKeepsItsTenant(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) { c.TenantFromUserID = true })
@@ -338,10 +338,11 @@ func TestReplayedDeadLetterKeepsItsTenant(t *testing.T) {
 		testamqp.Publish(t, aliceCh, "", h.cfg.Queue, amqp.Publishing{MessageId: "replayed-op", UserId: alice, Body: []byte(`{}`)})
 		h.waitEvents(30*time.Second, "the dead letter", func(evs []consumer.Event) bool { return finals(evs) >= 1 })
 
-		res, err := dlq.Replay(context.Background(), h.conn, dlq.ReplayOptions{Queue: dlq.Name(h.cfg.Queue), Target: h.cfg.Queue})
-		if err != nil || res.Replayed != 1 {
-			t.Fatalf("replay: %+v, %v", res, err)
+		dl := h.waitDLQ(1, 10*time.Second)
+		if len(dl) != 1 {
+			t.Fatalf("%d dead letters, want 1", len(dl))
 		}
+		testamqp.Publish(t, testamqp.Channel(t, h.conn), "", h.cfg.Queue, wire.ReplayCopy(&dl[0]))
 		evs := h.waitEvents(30*time.Second, "the replayed copy", func(evs []consumer.Event) bool { return finals(evs) >= 2 })
 		if last := evs[len(evs)-1]; last.Outcome != consumer.OutcomeProcessed || last.Tenant != alice {
 			t.Fatalf("replayed copy: %s under tenant %q, want processed under %q", last.Outcome, last.Tenant, alice)

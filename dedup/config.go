@@ -3,13 +3,13 @@ package dedup
 import (
 	"cmp"
 	"fmt"
-	"regexp"
 	"time"
+
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // Defaults used where a Config leaves a field zero.
 const (
-	DefaultSchema      = "idemq"
 	DefaultLease       = 30 * time.Second
 	DefaultRetention   = 24 * time.Hour
 	DefaultGCBatchSize = 1000
@@ -20,11 +20,10 @@ const (
 	maxReserveRounds = 5
 )
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 // Config configures a Store. A nil *Config means all defaults.
 type Config struct {
-	// Schema is the Postgres schema holding the tables. Default "idemq".
+	// Schema is the Postgres schema holding the tables (created by
+	// schema.Migrate). Default schema.Default.
 	Schema string
 	// Lease is how long a reservation stays valid without a heartbeat.
 	// Default 30s: a crashed worker's key is taken over within about that long.
@@ -52,7 +51,7 @@ func (c *Config) WithDefaults() Config {
 	if c != nil {
 		out = *c
 	}
-	out.Schema = cmp.Or(out.Schema, DefaultSchema)
+	out.Schema = cmp.Or(out.Schema, schema.Default)
 	out.Lease = cmp.Or(out.Lease, DefaultLease)
 	out.Retention = cmp.Or(out.Retention, DefaultRetention)
 	out.GCBatchSize = cmp.Or(out.GCBatchSize, DefaultGCBatchSize)
@@ -60,7 +59,7 @@ func (c *Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := validateSchema(c.Schema); err != nil {
+	if err := schema.Validate(c.Schema); err != nil {
 		return err
 	}
 	if c.Lease < time.Second {
@@ -71,13 +70,6 @@ func (c Config) validate() error {
 	}
 	if c.GCBatchSize < 1 {
 		return fmt.Errorf("gc batch size %d must be positive", c.GCBatchSize)
-	}
-	return nil
-}
-
-func validateSchema(s string) error {
-	if !schemaName.MatchString(s) {
-		return fmt.Errorf("schema %q: want lowercase letters, digits and underscores, starting with a letter or underscore", s)
 	}
 	return nil
 }

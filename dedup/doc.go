@@ -38,8 +38,9 @@
 //
 // # Schema and retention
 //
-// Migrate creates the tables in their own schema (default "idemq") under an
-// advisory lock; it is safe to run concurrently and repeatedly. Store.GC
+// The tables live in a Postgres schema of their own (default "idemq"),
+// created and upgraded by schema.Migrate (package
+// github.com/idemq/idemq/dedup/schema) or `idemq migrate`. Store.GC
 // deletes completed keys older than the retention in bounded batches, one
 // instance at a time.
 package dedup

@@ -42,7 +42,7 @@ var (
 	ErrKeyReuse = errors.New("the key was first used with another fingerprint")
 
 	// ErrNotMigrated means a table this build needs does not exist: run
-	// Migrate (or `idemq migrate`).
+	// schema.Migrate (or `idemq migrate`).
 	ErrNotMigrated = errors.New("the schema is not migrated")
 
 	// ErrFingerprint means the significant content could not be read (for

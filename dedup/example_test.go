@@ -1,15 +1,17 @@
 package dedup_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log"
+	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // The reserve → complete flow: the first delivery acquires the key and
@@ -17,17 +19,18 @@ import (
 // duplicate that gets the stored response back without running anything.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The database the tests use (IDEMQ_TEST_POSTGRES_URL, else the local one).
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := "idemq_example"
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	dbSchema := "idemq_example"
+	if err := schema.Migrate(ctx, pool, dbSchema); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	store, err := dedup.NewStore(pool, &dedup.Config{Schema: schema})
+	defer pool.Exec(ctx, "DROP SCHEMA "+dbSchema+" CASCADE") //nolint:errcheck
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: dbSchema})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -25,7 +26,7 @@ func TestHeaderKeys(t *testing.T) {
 	if len(keys) != 1 || len(keys[0].Secret) != 32 || keys[0].SignsFrom.After(time.Now()) {
 		t.Fatalf("keys after migrate: %d, want one of 32 bytes that signs now", len(keys))
 	}
-	if err := dedup.Migrate(ctx, pool, store.Config().Schema); err != nil {
+	if err := schema.Migrate(ctx, pool, store.Config().Schema); err != nil {
 		t.Fatal(err)
 	}
 	again, err := store.HeaderKeys(ctx)

@@ -2,44 +2,26 @@ package dedup_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 )
-
-// TestMain doubles as a migration process for TestMigrateFromConcurrentProcesses.
-func TestMain(m *testing.M) {
-	if schema := os.Getenv("IDEMQ_TEST_MIGRATE_SCHEMA"); schema != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		pool, err := pgxpool.New(ctx, testdb.URL())
-		if err == nil {
-			err = dedup.Migrate(ctx, pool, schema)
-		}
-		if err != nil {
-			os.Stderr.WriteString("migrate: " + err.Error() + "\n")
-			os.Exit(3)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
 
 // newStore migrates a fresh schema and returns a store over it.
 func newStore(t testing.TB, maxConns int32, cfg *dedup.Config) (*dedup.Store, *pgxpool.Pool) {
 	t.Helper()
 	pool := testdb.Pool(t, maxConns)
-	schema := testdb.Schema(t, pool)
-	if err := dedup.Migrate(context.Background(), pool, schema); err != nil {
+	schemaName := testdb.Schema(t, pool)
+	if err := schema.Migrate(context.Background(), pool, schemaName); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	c := cfg.WithDefaults()
-	c.Schema = schema
+	c.Schema = schemaName
 	store, err := dedup.NewStore(pool, &c)
 	if err != nil {
 		t.Fatalf("new store: %v", err)

@@ -20,7 +20,7 @@ type Store struct {
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
-// must exist: run Migrate first (or `idemq migrate`).
+// must exist: run schema.Migrate first (or `idemq migrate`).
 func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("dedup: nil pool")

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -435,40 +433,6 @@ func TestGCDeletesOnlyOldRowsInBatches(t *testing.T) {
 	again, err := store.GC(ctx, 24*time.Hour)
 	if err != nil || again.Completed != 0 || again.Abandoned != 0 {
 		t.Fatalf("second gc = %+v, %v", again, err)
-	}
-}
-
-func TestMigrateTwiceAndFromConcurrentProcesses(t *testing.T) {
-	t.Parallel()
-	pool := testdb.Pool(t, 4)
-	ctx := context.Background()
-	schema := testdb.Schema(t, pool)
-	for range 2 {
-		if err := dedup.Migrate(ctx, pool, schema); err != nil {
-			t.Fatalf("migrate: %v", err)
-		}
-	}
-	// Five processes migrate a new schema at once.
-	fresh := testdb.Schema(t, pool)
-	var wg sync.WaitGroup
-	errs := make([]error, 5)
-	outs := make([][]byte, 5)
-	for i := range 5 {
-		wg.Go(func() {
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), "IDEMQ_TEST_MIGRATE_SCHEMA="+fresh)
-			outs[i], errs[i] = cmd.CombinedOutput()
-		})
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("process %d: %v: %s", i, err, outs[i])
-		}
-	}
-	applied, known, err := dedup.SchemaVersion(ctx, pool, fresh)
-	if err != nil || applied != known || known == 0 {
-		t.Fatalf("schema version %d of %d, %v", applied, known, err)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/testenv"
 )
 
 // badCase is one hostile message and how it must end: processed (a row in
@@ -58,13 +59,13 @@ func allTypes() amqp.Table {
 // the DLQ with a reason, and the consumer keeps going.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	ctx := context.Background()
-	if _, err := e.pool.Exec(ctx, `CREATE TABLE `+e.schema+`.received (
+	if _, err := e.Pool.Exec(ctx, `CREATE TABLE `+e.Schema+`.received (
     name text NOT NULL, tenant text NOT NULL, key text NOT NULL, size integer NOT NULL, sha text NOT NULL, attempt integer NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, events := e.consumerConfig("it.badinput", "bad-input")
+	cfg, events := e.ConsumerConfig("it.badinput", "bad-input")
 	cfg.Concurrency = 4
 
 	big := make([]byte, 16<<20)
@@ -134,7 +135,7 @@ func TestBadInput(t *testing.T) {
 		sentMu sync.Mutex
 		sent   amqp.Table
 	)
-	e.run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		name, _ := d.Headers["x-case"].(string)
 		if name == "every header type, retried" {
 			// The retry copy must carry every header as the first delivery had it.
@@ -150,12 +151,12 @@ func TestBadInput(t *testing.T) {
 			}
 		}
 		sum := sha256.Sum256(d.Body)
-		_, err := tx.Exec(ctx, `INSERT INTO `+e.schema+`.received (name, tenant, key, size, sha, attempt) VALUES ($1, $2, $3, $4, $5, $6)`,
+		_, err := tx.Exec(ctx, `INSERT INTO `+e.Schema+`.received (name, tenant, key, size, sha, attempt) VALUES ($1, $2, $3, $4, $5, $6)`,
 			name, d.Tenant, d.Key, len(d.Body), hex.EncodeToString(sum[:]), d.Attempt)
 		return consumer.Response{Code: 200}, err
 	})
 	for _, c := range cases {
-		testamqp.Publish(t, e.pub, "", cfg.Queue, c.msg)
+		testamqp.Publish(t, e.Pub, "", cfg.Queue, c.msg)
 	}
 
 	// Wait until every case is settled: a received row or a dead letter.
@@ -168,7 +169,7 @@ func TestBadInput(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var received int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.schema+`.received`).Scan(&received); err != nil {
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM `+e.Schema+`.received`).Scan(&received); err != nil {
 			t.Fatal(err)
 		}
 		q, err := ch.QueueDeclarePassive(topo.DLQ, true, false, false, false, nil)
@@ -191,7 +192,7 @@ func TestBadInput(t *testing.T) {
 		size, n          int
 	}
 	processed := map[string]*got{}
-	rows, err := e.pool.Query(ctx, `SELECT name, tenant, key, size, sha FROM `+e.schema+`.received`)
+	rows, err := e.Pool.Query(ctx, `SELECT name, tenant, key, size, sha FROM `+e.Schema+`.received`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,11 +264,11 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// Still alive: a plain message after all that is processed.
-	testamqp.Publish(t, e.pub, "", cfg.Queue, withKey("after", "bad-after", nil, []byte("ok")))
+	testamqp.Publish(t, e.Pub, "", cfg.Queue, withKey("after", "bad-after", nil, []byte("ok")))
 	deadline = time.Now().Add(time.Minute)
 	for {
 		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.schema+`.received WHERE name = 'after'`).Scan(&n); err != nil {
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM `+e.Schema+`.received WHERE name = 'after'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 1 {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/internal/testenv"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -295,7 +296,7 @@ func (j *jaeger) waitTrace(tb testing.TB, traceID string, timeout time.Duration,
 	tb.Helper()
 	var last jTrace
 	var lastErr error
-	poll(tb, timeout, func(ctx context.Context) bool {
+	testenv.Poll(tb, timeout, func(ctx context.Context) bool {
 		a, _, err := j.get(ctx, "/api/traces/"+traceID, nil)
 		if lastErr = err; err != nil || a == nil || len(a.Data) == 0 {
 			return false
@@ -323,7 +324,7 @@ func (j *jaeger) waitFind(tb testing.TB, service, operation string, tags map[str
 	}
 	var last []jTrace
 	var lastErr error
-	poll(tb, timeout, func(ctx context.Context) bool {
+	testenv.Poll(tb, timeout, func(ctx context.Context) bool {
 		a, _, err := j.get(ctx, "/api/traces", q)
 		if lastErr = err; err != nil || a == nil {
 			return false
@@ -334,23 +335,4 @@ func (j *jaeger) waitFind(tb testing.TB, service, operation string, tags map[str
 		return fmt.Sprintf("search service=%s tags=%s: last error %v, %d traces", service, enc, lastErr, len(last))
 	})
 	return last
-}
-
-// poll calls try every 100ms until it returns true, or fails tb after
-// timeout with what describe says.
-func poll(tb testing.TB, timeout time.Duration, try func(context.Context) bool, describe func() string) {
-	tb.Helper()
-	end := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		done := try(ctx)
-		cancel()
-		if done {
-			return
-		}
-		if time.Now().After(end) {
-			tb.Fatalf("gave up after %s: %s", timeout, describe())
-		}
-		time.Sleep(100 * time.Millisecond) // polling an external API: nothing to wait on
-	}
 }

@@ -31,8 +31,10 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -48,7 +50,7 @@ func TestLeastPrivilegeWorkerRole(t *testing.T) {
 	admin := testdb.Pool(t, 4)
 	suffix := testdb.RandomHex(4)
 	owner, worker := "idemq_owner_"+suffix, "idemq_worker_"+suffix
-	schema := testdb.Schema(t, admin)
+	schemaName := testdb.Schema(t, admin)
 	dbName := currentDatabase(t, admin)
 	mustExec(t, admin, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'owner-pw'; CREATE ROLE %s LOGIN PASSWORD 'worker-pw';
 GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Sanitize(), owner))
@@ -64,7 +66,7 @@ GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Saniti
 		defer conn.Close(ctx)
 		for _, r := range []string{worker, owner} {
 			_, err := conn.Exec(ctx, fmt.Sprintf(`DROP SCHEMA IF EXISTS %s CASCADE; DROP OWNED BY %s; DROP ROLE %s`,
-				pgx.Identifier{schema}.Sanitize(), r, r))
+				pgx.Identifier{schemaName}.Sanitize(), r, r))
 			if err != nil {
 				t.Logf("drop role %s: %v", r, err)
 			}
@@ -73,10 +75,10 @@ GRANT CREATE ON DATABASE %s TO %s`, owner, worker, pgx.Identifier{dbName}.Saniti
 
 	// The owner migrates and grants, as docs/security.md says.
 	ownerPool := poolAs(t, owner, "owner-pw")
-	if err := dedup.Migrate(ctx, ownerPool, schema); err != nil {
+	if err := schema.Migrate(ctx, ownerPool, schemaName); err != nil {
 		t.Fatalf("migrate as the owner: %v", err)
 	}
-	s := pgx.Identifier{schema}.Sanitize()
+	s := pgx.Identifier{schemaName}.Sanitize()
 	mustExec(t, ownerPool, fmt.Sprintf(`
 CREATE TABLE %[1]s.ledger (key text NOT NULL, tenant text NOT NULL);
 GRANT USAGE ON SCHEMA %[1]s TO %[2]s;
@@ -85,33 +87,37 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 
 	// The worker runs everything a worker runs.
 	workerPool := poolAs(t, worker, "worker-pw")
-	store, err := dedup.NewStore(workerPool, &dedup.Config{Schema: schema})
+	store, err := dedup.NewStore(workerPool, &dedup.Config{Schema: schemaName})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{tb: t, pool: workerPool, schema: schema, store: store, pub: testamqp.Channel(t, testamqp.Dial(t))}
-	cfg, events := e.consumerConfig("it.role", "payments")
+	e := &testenv.Env{TB: t, Pool: workerPool, Schema: schemaName, Store: store, Pub: testamqp.Channel(t, testamqp.Dial(t))}
+	cfg, events := e.ConsumerConfig("it.role", "payments")
 	outQ := cfg.Queue + ".forwarded"
 	declareQueue(t, outQ)
-	e.run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		if _, err := tx.Exec(ctx, "INSERT INTO "+s+".ledger VALUES ($1, $2)", d.Key, d.Tenant); err != nil {
 			return consumer.Response{}, err
 		}
 		return consumer.Response{Code: 201}, outbox.Enqueue(ctx, tx, outbox.Message{RoutingKey: outQ, Body: d.Body})
 	})
-	relay, err := outbox.NewRelay(workerPool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ConnectionName: "idemq-test-" + cfg.Queue + "-relay",
+	ob, err := outbox.New(workerPool, &outbox.Config{Schema: schemaName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ConnectionName: "idemq-test-" + cfg.Queue + "-relay",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.runFunc(relay.Run)
-	e.publish(cfg.Queue, "role-1", `{"amount":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeProcessed)
-	e.publish(cfg.Queue, "role-1", `{"amount":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeDuplicate)
-	e.publish(cfg.Queue, "role-2", `{"amount":2}`, amqp.Table{consumer.DefaultTenantHeader: "acme"})
-	waitOutcome(t, events, consumer.OutcomeProcessed)
+	e.RunFunc(relay.Run)
+	e.Publish(cfg.Queue, "role-1", `{"amount":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "role-1", `{"amount":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
+	e.Publish(cfg.Queue, "role-2", `{"amount":2}`, amqp.Table{consumer.DefaultTenantHeader: "acme"})
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 	waitMessages(t, outQ, 2)
 	if _, err := store.GC(ctx, time.Hour); err != nil {
 		t.Fatalf("gc as the worker: %v", err)
@@ -132,7 +138,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 			t.Errorf("%s as the worker: %v, want permission denied (42501)", ddl, err)
 		}
 	}
-	if err := dedup.Migrate(ctx, workerPool, schema); err == nil {
+	if err := schema.Migrate(ctx, workerPool, schemaName); err == nil {
 		t.Error("migrate as the worker succeeded; it must need the owner")
 	}
 }
@@ -427,10 +433,10 @@ func TestConnectionURLsRedacted(t *testing.T) {
 			return
 		}
 		defer pool.Close()
-		if err := dedup.Migrate(ctx, pool, "idemq_redact"); err == nil {
+		if err := schema.Migrate(ctx, pool, "idemq_redact"); err == nil {
 			t.Fatal("migrate against a closed port succeeded")
 		} else {
-			assertNoSecret(t, "dedup.Migrate error", err.Error(), secrets...)
+			assertNoSecret(t, "schema.Migrate error", err.Error(), secrets...)
 		}
 		store, err := dedup.NewStore(pool, nil)
 		if err != nil {
@@ -447,7 +453,11 @@ func TestConnectionURLsRedacted(t *testing.T) {
 	})
 
 	t.Run("outbox relay, closed ports", func(t *testing.T) {
-		if _, err := outbox.NewRelay(testdb.Pool(t, 2), "amqp://idemq:"+relaySecret+"@[::1", nil); err == nil {
+		anyOutbox, err := outbox.New(testdb.Pool(t, 2), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := outbox.NewRelay(anyOutbox, "amqp://idemq:"+relaySecret+"@[::1", nil); err == nil {
 			t.Fatal("a malformed URL was accepted")
 		} else {
 			assertNoSecret(t, "outbox.NewRelay error", err.Error(), secrets...)
@@ -458,7 +468,11 @@ func TestConnectionURLsRedacted(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		relay, err := outbox.NewRelay(pool, amqpURL(closedPort(t), relaySecret), &outbox.RelayConfig{
+		ob, err := outbox.New(pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relay, err := outbox.NewRelay(ob, amqpURL(closedPort(t), relaySecret), &outbox.RelayConfig{
 			Logger: logs.logger(), ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
 		})
 		if err != nil {
@@ -466,7 +480,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		}
 		before := strings.Count(logs.String(), "outbox relay")
 		runFor(t, relay.Run, func() { logs.waitLog(t, "outbox relay", before+3) })
-		if _, err := outbox.Pending(ctx, pool, "idemq"); err != nil {
+		if _, err := ob.Pending(ctx); err != nil {
 			assertNoSecret(t, "outbox.Pending error", err.Error(), secrets...)
 		}
 	})
@@ -511,21 +525,21 @@ func TestRawKeysStayOutOfLogsAndSpans(t *testing.T) {
 }
 
 func testRawKeys(t *testing.T, logKeys bool) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	prefix := "RAWKEY-" + testdb.RandomHex(4) + "-alice@example.com"
 	key := func(n string) string { return prefix + "-" + n }
 	recorder := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	logs := &captured{}
-	cfg, events := e.consumerConfig("it.rawkeys", "payments")
+	cfg, events := e.ConsumerConfig("it.rawkeys", "payments")
 	cfg.TracerProvider, cfg.Logger, cfg.LogKeys = tp, logs.logger(), logKeys
-	if _, err := e.pool.Exec(context.Background(), "CREATE TABLE "+e.schema+".ledger (key text)"); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), "CREATE TABLE "+e.Schema+".ledger (key text)"); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	failed := map[string]bool{}
-	e.run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		switch {
 		case strings.HasSuffix(d.Key, "-poison"):
 			return consumer.Response{}, consumer.Permanent(errors.New("undecodable payment"))
@@ -540,26 +554,26 @@ func testRawKeys(t *testing.T, logKeys bool) {
 		case strings.HasSuffix(d.Key, "-reject"):
 			return consumer.Response{}, consumer.Reject(402, "insufficient funds", nil)
 		}
-		_, err := tx.Exec(ctx, "INSERT INTO "+e.schema+".ledger VALUES ($1)", d.Key)
+		_, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+".ledger VALUES ($1)", d.Key)
 		return consumer.Response{Code: 201}, err
 	})
-	e.publish(cfg.Queue, key("ok"), `{"amount":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeProcessed)
-	e.publish(cfg.Queue, key("ok"), `{"amount":1}`, nil)
-	waitOutcome(t, events, consumer.OutcomeDuplicate)
-	e.publish(cfg.Queue, key("ok"), `{"amount":2}`, nil)
-	waitOutcome(t, events, consumer.OutcomeKeyReuse)
-	e.publish(cfg.Queue, "", `{"amount":3}`, amqp.Table{consumer.DefaultKeyHeader: key("flaky")})
-	waitOutcome(t, events, consumer.OutcomeRetried)
-	waitOutcome(t, events, consumer.OutcomeProcessed)
-	e.publish(cfg.Queue, key("poison"), `{"amount":4}`, nil)
-	waitOutcome(t, events, consumer.OutcomeDeadLettered)
-	e.publish(cfg.Queue, key("reject"), `{"amount":5}`, nil)
-	waitOutcome(t, events, consumer.OutcomeRejected)
-	e.publish(cfg.Queue, "", `{"amount":6}`, amqp.Table{consumer.DefaultKeyHeader: key("bell\x07")})
-	waitOutcome(t, events, consumer.OutcomeInvalidKey)
-	e.publish(cfg.Queue, "", `{"amount":7}`, amqp.Table{consumer.DefaultKeyHeader: prefix + strings.Repeat("-long", 60)})
-	waitOutcome(t, events, consumer.OutcomeInvalidKey)
+	e.Publish(cfg.Queue, key("ok"), `{"amount":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, key("ok"), `{"amount":1}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
+	e.Publish(cfg.Queue, key("ok"), `{"amount":2}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeKeyReuse)
+	e.Publish(cfg.Queue, "", `{"amount":3}`, amqp.Table{consumer.DefaultKeyHeader: key("flaky")})
+	testenv.WaitOutcome(t, events, consumer.OutcomeRetried)
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, key("poison"), `{"amount":4}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeDeadLettered)
+	e.Publish(cfg.Queue, key("reject"), `{"amount":5}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeRejected)
+	e.Publish(cfg.Queue, "", `{"amount":6}`, amqp.Table{consumer.DefaultKeyHeader: key("bell\x07")})
+	testenv.WaitOutcome(t, events, consumer.OutcomeInvalidKey)
+	e.Publish(cfg.Queue, "", `{"amount":7}`, amqp.Table{consumer.DefaultKeyHeader: prefix + strings.Repeat("-long", 60)})
+	testenv.WaitOutcome(t, events, consumer.OutcomeInvalidKey)
 
 	spans := recorder.Ended()
 	if len(spans) < 10 {
@@ -618,34 +632,34 @@ func grep(text, what string) string {
 // TenantFromUserID a forged tenant header is ignored.
 func TestTenantIsolationEndToEnd(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	ctx := context.Background()
-	if _, err := e.pool.Exec(ctx, "CREATE TABLE "+e.schema+".ledger (key text, tenant text, body text)"); err != nil {
+	if _, err := e.Pool.Exec(ctx, "CREATE TABLE "+e.Schema+".ledger (key text, tenant text, body text)"); err != nil {
 		t.Fatal(err)
 	}
 	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+e.schema+".ledger VALUES ($1, $2, $3)", d.Key, d.Tenant, string(d.Body))
+		_, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+".ledger VALUES ($1, $2, $3)", d.Key, d.Tenant, string(d.Body))
 		return consumer.Response{Code: 201, Body: []byte("for " + d.Tenant)}, err
 	}
-	cfg, events := e.consumerConfig("it.tenants", "payments")
-	e.run(cfg, handler)
+	cfg, events := e.ConsumerConfig("it.tenants", "payments")
+	e.Run(cfg, handler)
 	tenant := func(t string) amqp.Table { return amqp.Table{consumer.DefaultTenantHeader: t} }
 
-	e.publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-a"))
-	waitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-a"))
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 	// The same key and another body in tenant b: its own operation, not a reuse.
-	e.publish(cfg.Queue, "shared-op", `{"amount":999}`, tenant("tenant-b"))
-	waitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "shared-op", `{"amount":999}`, tenant("tenant-b"))
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 	// The same key and body in the default tenant: not a duplicate of a's.
-	e.publish(cfg.Queue, "shared-op", `{"amount":100}`, nil)
-	waitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "shared-op", `{"amount":100}`, nil)
+	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 	// Within a tenant, the key keeps its meaning.
-	e.publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-a"))
-	waitOutcome(t, events, consumer.OutcomeDuplicate)
-	e.publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-b"))
-	waitOutcome(t, events, consumer.OutcomeKeyReuse)
+	e.Publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-a"))
+	testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
+	e.Publish(cfg.Queue, "shared-op", `{"amount":100}`, tenant("tenant-b"))
+	testenv.WaitOutcome(t, events, consumer.OutcomeKeyReuse)
 
-	rows, err := e.pool.Query(ctx, "SELECT tenant, body FROM "+e.schema+".ledger ORDER BY tenant")
+	rows, err := e.Pool.Query(ctx, "SELECT tenant, body FROM "+e.Schema+".ledger ORDER BY tenant")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -663,27 +677,27 @@ func TestTenantIsolationEndToEnd(t *testing.T) {
 	}
 	// Each tenant reads only its own row, with its own response.
 	for _, tn := range []string{"tenant-a", "tenant-b"} {
-		rec, err := e.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: tn, Key: "shared-op"})
+		rec, err := e.Store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: tn, Key: "shared-op"})
 		if err != nil || rec.Tenant != tn || string(rec.Result.Response) != "for "+tn {
 			t.Fatalf("inspect %s: %+v, %v", tn, rec, err)
 		}
 	}
-	if _, err := e.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: "tenant-c", Key: "shared-op"}); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := e.Store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: "tenant-c", Key: "shared-op"}); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("inspect from tenant-c: %v, want ErrNotFound", err)
 	}
 
 	// With TenantFromUserID the tenant is the user RabbitMQ checked, not the header.
-	cfg2, events2 := e.consumerConfig("it.tenants.userid", "payments-userid")
+	cfg2, events2 := e.ConsumerConfig("it.tenants.userid", "payments-userid")
 	cfg2.TenantFromUserID = true
-	e.run(cfg2, handler)
+	e.Run(cfg2, handler)
 	user := "guest"
 	if u, err := url.Parse(testamqp.URL()); err == nil && u.User != nil {
 		user = u.User.Username()
 	}
-	testamqp.Publish(t, e.pub, "", cfg2.Queue, amqp.Publishing{
+	testamqp.Publish(t, e.Pub, "", cfg2.Queue, amqp.Publishing{
 		MessageId: "spoof-op", UserId: user, Body: []byte(`{"amount":1}`), Headers: tenant("tenant-a"),
 	})
-	ev := waitOutcome(t, events2, consumer.OutcomeProcessed)
+	ev := testenv.WaitOutcome(t, events2, consumer.OutcomeProcessed)
 	if ev.Tenant != user {
 		t.Fatalf("tenant %q, want the publishing user %q (the header said tenant-a)", ev.Tenant, user)
 	}

@@ -18,8 +18,9 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/telemetry"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testenv"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // BenchmarkTracingOverhead measures consumer throughput with tracing off
@@ -34,7 +35,7 @@ import (
 //	go test -run '^$' -bench TracingOverhead -benchtime 3000x ./integration/
 func BenchmarkTracingOverhead(b *testing.B) {
 	j := startJaeger(b)
-	otel.SetTextMapPropagator(telemetry.Propagator())
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	// Off and on alternate, overheadRounds times, so that both modes see the
 	// same machine load.
 	rounds := overheadRounds
@@ -55,14 +56,14 @@ const overheadRounds = 3
 // benchConsumer times one consumer draining b.N messages.
 func benchConsumer(b *testing.B, j *jaeger, tracing bool) {
 	b.StopTimer()
-	e := newEnv(b)
+	e := testenv.New(b)
 	var tp trace.TracerProvider = tracenoop.NewTracerProvider()
 	flushSpans := func() {}
 	if tracing {
 		sdk := j.tracerProvider(b, "idemq-bench-"+testdb.RandomHex(4))
 		tp, flushSpans = sdk, func() { flush(b, sdk) }
 	}
-	cfg, _ := e.consumerConfig("it.bench.trace", "bench")
+	cfg, _ := e.ConsumerConfig("it.bench.trace", "bench")
 	cfg.TracerProvider = tp
 	var n atomic.Int64
 	var first, last atomic.Int64
@@ -78,18 +79,18 @@ func benchConsumer(b *testing.B, j *jaeger, tracing bool) {
 			close(done)
 		}
 	}
-	if _, err := e.pool.Exec(context.Background(), "CREATE TABLE "+e.schema+".ledger (key text PRIMARY KEY)"); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), "CREATE TABLE "+e.Schema+".ledger (key text PRIMARY KEY)"); err != nil {
 		b.Fatal(err)
 	}
 	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+e.schema+".ledger VALUES ($1)", d.Key)
+		_, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+".ledger VALUES ($1)", d.Key)
 		return consumer.Response{}, err
 	}
 	publishMany(b, e, cfg.Queue, b.N)
 
 	start, cpu0 := time.Now(), cpuTime(b)
 	b.StartTimer()
-	e.run(cfg, handler)
+	e.Run(cfg, handler)
 	select {
 	case <-done:
 	case <-time.After(time.Duration(b.N)*10*time.Millisecond + time.Minute):
@@ -117,7 +118,7 @@ func cpuTime(b *testing.B) time.Duration {
 
 // publishMany loads n messages with unique keys into queue, waiting for
 // the broker's confirms in windows of 1000.
-func publishMany(b *testing.B, e *env, queue string, n int) {
+func publishMany(b *testing.B, e *testenv.Env, queue string, n int) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -131,7 +132,7 @@ func publishMany(b *testing.B, e *env, queue string, n int) {
 		pending = pending[:0]
 	}
 	for i := range n {
-		c, err := e.pub.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
+		c, err := e.Pub.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
 			MessageId: fmt.Sprintf("bench-%d", i), Body: []byte(`{"amount":1}`), DeliveryMode: amqp.Persistent,
 		})
 		if err != nil {
@@ -154,7 +155,7 @@ func publishMany(b *testing.B, e *env, queue string, n int) {
 //	go test -run '^$' -bench SpanCost -benchmem ./integration/
 func BenchmarkSpanCost(b *testing.B) {
 	j := startJaeger(b)
-	prop := telemetry.Propagator()
+	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	for _, mode := range []string{"off", "on"} {
 		b.Run(mode, func(b *testing.B) {
 			var tp trace.TracerProvider = tracenoop.NewTracerProvider()

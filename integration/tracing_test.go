@@ -14,10 +14,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/telemetry"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // jaegerWait bounds each wait for spans to show up in Jaeger after a flush.
@@ -29,7 +30,7 @@ func TestTracing(t *testing.T) {
 	j := startJaeger(t)
 	// The consumer and the outbox read the global propagator, as the idemq
 	// binary sets it (telemetry.Setup).
-	otel.SetTextMapPropagator(telemetry.Propagator())
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 
 	t.Run("duplicate links to the original processing", func(t *testing.T) {
 		t.Parallel()
@@ -46,23 +47,23 @@ func TestTracing(t *testing.T) {
 }
 
 func testDuplicateLink(t *testing.T, j *jaeger) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	service := "idemq-it-dup-" + testdb.RandomHex(4)
 	tp := j.tracerProvider(t, service)
-	cfg, events := e.consumerConfig("it.trace.dup", "payments")
+	cfg, events := e.ConsumerConfig("it.trace.dup", "payments")
 	cfg.TracerProvider = tp
-	if _, err := e.pool.Exec(context.Background(), "CREATE TABLE "+e.schema+".ledger (key text)"); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), "CREATE TABLE "+e.Schema+".ledger (key text)"); err != nil {
 		t.Fatal(err)
 	}
-	e.run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+e.schema+".ledger VALUES ($1)", d.Key)
+	e.Run(cfg, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+".ledger VALUES ($1)", d.Key)
 		return consumer.Response{Code: 201}, err
 	})
 
-	e.publish(cfg.Queue, "pay-1", `{"amount":10}`, nil)
-	orig := waitOutcome(t, events, consumer.OutcomeProcessed)
-	e.publish(cfg.Queue, "pay-1", `{"amount":10}`, nil)
-	dup := waitOutcome(t, events, consumer.OutcomeDuplicate)
+	e.Publish(cfg.Queue, "pay-1", `{"amount":10}`, nil)
+	orig := testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
+	e.Publish(cfg.Queue, "pay-1", `{"amount":10}`, nil)
+	dup := testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
 	if orig.TraceID == "" || dup.TraceID == "" || dup.TraceID == orig.TraceID {
 		t.Fatalf("trace ids: original %q, duplicate %q; want two different traces", orig.TraceID, dup.TraceID)
 	}
@@ -154,45 +155,45 @@ func testDuplicateLink(t *testing.T, j *jaeger) {
 }
 
 func testTraceAcrossRelay(t *testing.T, j *jaeger) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	service := "idemq-it-relay-" + testdb.RandomHex(4)
 	tp := j.tracerProvider(t, service)
-	prop := telemetry.Propagator()
+	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 
 	// Stage 1 forwards each order to queue B through the outbox; stage 2
 	// consumes queue B.
-	cfgA, eventsA := e.consumerConfig("it.trace.orders", "orders")
-	cfgB, eventsB := e.consumerConfig("it.trace.shipping", "shipping")
+	cfgA, eventsA := e.ConsumerConfig("it.trace.orders", "orders")
+	cfgB, eventsB := e.ConsumerConfig("it.trace.shipping", "shipping")
 	cfgA.TracerProvider, cfgB.TracerProvider = tp, tp
-	ob, err := outbox.New(&outbox.Config{Schema: e.schema, Propagator: prop})
+	ob, err := outbox.New(e.Pool, &outbox.Config{Schema: e.Schema, Propagator: prop})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.run(cfgA, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfgA, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, ob.Enqueue(ctx, tx, outbox.Message{RoutingKey: cfgB.Queue, Body: d.Body, MessageID: "ship-" + d.Key})
 	})
-	e.run(cfgB, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfgB, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, nil
 	})
-	relay, err := outbox.NewRelay(e.pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema: e.schema, TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
-		ConnectionName: "idemq-test-relay-" + e.schema, Logger: cfgA.Logger,
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
+		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: cfgA.Logger,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.runFunc(relay.Run)
+	e.RunFunc(relay.Run)
 
 	// The publisher's own span starts the trace.
 	ctx, root := tp.Tracer("integration").Start(context.Background(), "checkout publish", trace.WithSpanKind(trace.SpanKindProducer))
 	headers := amqp.Table{}
 	prop.Inject(ctx, carrier(headers))
-	e.publish(cfgA.Queue, "order-1", `{"order":1}`, headers)
+	e.Publish(cfgA.Queue, "order-1", `{"order":1}`, headers)
 	root.End()
 	rootTrace := root.SpanContext().TraceID().String()
 
-	evA := waitOutcome(t, eventsA, consumer.OutcomeProcessed)
-	evB := waitOutcome(t, eventsB, consumer.OutcomeProcessed)
+	evA := testenv.WaitOutcome(t, eventsA, consumer.OutcomeProcessed)
+	evB := testenv.WaitOutcome(t, eventsB, consumer.OutcomeProcessed)
 	if evA.TraceID != rootTrace || evB.TraceID != rootTrace {
 		t.Fatalf("traces: publisher %s, stage 1 %s, stage 2 %s; want one trace", rootTrace, evA.TraceID, evB.TraceID)
 	}
@@ -258,22 +259,22 @@ func (c carrier) Keys() []string {
 }
 
 func testGroupLinks(t *testing.T, j *jaeger) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	service := "idemq-it-group-" + testdb.RandomHex(4)
 	tp := j.tracerProvider(t, service)
-	cfg, events := e.consumerConfig("it.trace.group", "grouped")
+	cfg, events := e.ConsumerConfig("it.trace.group", "grouped")
 	cfg.TracerProvider = tp
 	// One worker finds the three messages waiting: one group.
 	cfg.Concurrency, cfg.GroupSize, cfg.GroupLinger = 1, 3, 5*time.Second
 	for i := range 3 {
-		e.publish(cfg.Queue, fmt.Sprintf("g-%d", i), `{}`, nil)
+		e.Publish(cfg.Queue, fmt.Sprintf("g-%d", i), `{}`, nil)
 	}
-	e.run(cfg, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+	e.Run(cfg, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, nil
 	})
 	traces := map[string]bool{}
 	for range 3 {
-		traces[waitOutcome(t, events, consumer.OutcomeProcessed).TraceID] = true
+		traces[testenv.WaitOutcome(t, events, consumer.OutcomeProcessed).TraceID] = true
 	}
 	if len(traces) != 3 {
 		t.Fatalf("deliveries share traces: %v", traces)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 type relayStatements struct {
@@ -541,14 +541,7 @@ func endSpan(span trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		span.SetStatus(codes.Error, redactURLs(err.Error()))
+		span.SetStatus(codes.Error, redact.Error(err))
 	}
 	span.End()
-}
-
-var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@`)
-
-// redactURLs replaces the password of any URL in s.
-func redactURLs(s string) string {
-	return urlPassword.ReplaceAllString(s, "${1}xxxxx@")
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -21,12 +21,12 @@ func TestClaimStopsAtMaxBatchBytes(t *testing.T) {
 	t.Parallel()
 	const kib = 1 << 10
 	pool := testdb.Pool(t, 4)
-	schema := testdb.Schema(t, pool)
+	schemaName := testdb.Schema(t, pool)
 	ctx := context.Background()
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := New(&Config{Schema: schema})
+	ob, err := New(pool, &Config{Schema: schemaName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestClaimStopsAtMaxBatchBytes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewRelay(pool, testamqp.URL(), &RelayConfig{Schema: schema, MaxBatchBytes: 600 * kib})
+	r, err := NewRelay(ob, testamqp.URL(), &RelayConfig{MaxBatchBytes: 600 * kib})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +80,8 @@ func TestClaimStopsAtMaxBatchBytes(t *testing.T) {
 	}
 	publish := func(n int) {
 		t.Helper()
-		if _, err := pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "outbox"}.Sanitize()+
-			" SET published_at = now() WHERE id IN (SELECT id FROM "+pgx.Identifier{schema, "outbox"}.Sanitize()+
+		if _, err := pool.Exec(ctx, "UPDATE "+pgx.Identifier{schemaName, "outbox"}.Sanitize()+
+			" SET published_at = now() WHERE id IN (SELECT id FROM "+pgx.Identifier{schemaName, "outbox"}.Sanitize()+
 			" WHERE published_at IS NULL ORDER BY id LIMIT $1)", n); err != nil {
 			t.Fatal(err)
 		}

@@ -2,21 +2,33 @@
 // Postgres in the caller's transaction, and a Relay that publishes them to
 // RabbitMQ with publisher confirms.
 //
+// # The Outbox
+//
+// An Outbox (New) is the outbox table of one Postgres schema,
+// <schema>.outbox, created by schema.Migrate (package
+// github.com/idemq/idemq/dedup/schema). The schema is set there once:
+// enqueueing, the relays built from it (NewRelay), the backlog (Pending) and
+// retention (GC, GCParked, Unpark) all work on it.
+//
 // # Enqueue
 //
-// Enqueue (or Outbox.Enqueue, Outbox.EnqueueBatch) inserts rows into
-// <schema>.outbox inside the caller's pgx.Tx, so a message exists if and
-// only if the transaction that decided to send it commits: the handler's
-// business rows, its outbox rows and its idempotency key's completion commit
-// together or not at all. The table is created by dedup.Migrate.
+// Outbox.Enqueue and Outbox.EnqueueBatch insert rows inside the caller's
+// pgx.Tx, so a message exists if and only if the transaction that decided to
+// send it commits: the handler's business rows, its outbox rows and its
+// idempotency key's completion commit together or not at all. In a handler
+// the consumer runs, the package-level Enqueue and EnqueueBatch do the same
+// on the outbox the runtime put into the context (NewContext): that of the
+// consumer's store.
 //
-// A message without a MessageID gets one derived from the claim carried by
-// the context (WithClaim, set by the consumer runtime before a handler runs):
-// MessageID(claim, n) for the n-th such message, the same on every retry of
-// the operation, so that downstream consumers can deduplicate it with their
-// own idempotency keys. Without a claim it gets a random UUID, fixed in the
-// row, so re-publishes of that row still carry the same id. The caller's
-// trace context (W3C traceparent/tracestate) is stored with the row.
+// A message without a MessageID gets one derived from the claim the consumer
+// runtime put into the handler's context (the scope of the key it reserved;
+// see Claim): MessageID(claim, n) for the n-th such message, the same on
+// every retry of the operation, so that downstream consumers can deduplicate
+// it with their own idempotency keys. No public function sets a claim, so no
+// code can produce another operation's ids. Without a claim a message gets a
+// random UUID, fixed in the row, so re-publishes of that row still carry the
+// same id. The caller's trace context (W3C traceparent/tracestate) is stored
+// with the row.
 //
 // # Relay
 //
@@ -38,7 +50,7 @@
 // exponential backoff (available_at). Unroutable messages, and messages whose
 // exchange does not exist, are logged at WARN and parked after
 // RelayConfig.MaxReturns returns: they stay in the table, out of the relay's
-// way, until an operator calls Unpark. The other rows keep flowing.
+// way, until an operator calls Outbox.Unpark. The other rows keep flowing.
 //
 // # Ordering
 //
@@ -51,10 +63,10 @@
 //
 // # Operations
 //
-// Pending reports the backlog (count, age of the oldest row, parked rows).
-// GC deletes published rows older than a retention in bounded batches;
-// GCParked and Unpark handle parked rows. The relay exports OTel metrics
-// (idemq.outbox.*), a producer span per published message that continues the
-// trace stored in its row, and structured logs that never carry the broker
-// URL. See docs/outbox.md for the table, the guarantees and measured figures.
+// Outbox.Pending reports the backlog (count, age of the oldest row, parked
+// rows). Outbox.GC deletes published rows older than a retention in bounded
+// batches; Outbox.GCParked and Outbox.Unpark handle parked rows. The relay
+// exports OTel metrics (idemq.outbox.*), a producer span per published
+// message that continues the trace stored in its row, and structured logs
+// that never carry the broker URL. See docs/outbox.md for the table, the guarantees and measured figures.
 package outbox

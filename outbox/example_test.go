@@ -1,65 +1,82 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log"
 	"os"
 	"os/signal"
 	"syscall"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/outbox"
 )
 
 // A handler writes its message into the outbox in the same transaction as
 // its business rows: the message exists if and only if the transaction
-// commits. Under the claim of the key being handled, its message id is
-// derived from the claim, the same on every retry.
+// commits. The consumer runtime puts the claim of the key being handled in
+// the handler's context, so the message id is derived from the claim, the
+// same on every retry. Here consumertest.RunHandler runs the handler as the
+// runtime does.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.URL())
+	// The database the tests use (IDEMQ_TEST_POSTGRES_URL, else the local one).
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := "idemq_example_" + testdb.RandomHex(4)
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	dbSchema := "idemq_example_outbox"
+	pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+dbSchema+" CASCADE") //nolint:errcheck
+	if err := schema.Migrate(ctx, pool, dbSchema); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+dbSchema+" CASCADE") //nolint:errcheck
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: dbSchema})
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	// The consumer runtime sets the claim before it runs the handler.
-	claim := outbox.Claim{Schema: schema, Consumer: "payments", Key: "charge-o-1"}
-	hctx := outbox.WithClaim(ctx, claim)
-
-	err = pgx.BeginFunc(hctx, pool, func(tx pgx.Tx) error {
+	charge := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		// ... charge the card, write the business rows in tx ...
-		return outbox.Enqueue(hctx, tx, outbox.Message{
+		return consumer.Response{}, outbox.Enqueue(ctx, tx, outbox.Message{
 			Exchange:    "payments",
 			RoutingKey:  "payment.captured",
 			ContentType: "application/json",
 			Body:        []byte(`{"order":"o-1","amount":4200}`),
 		})
-	})
+	}
+	t := &testing.T{} // in a test, the test's own
+	r := consumertest.NewRunner(store, charge, &consumer.Config{Name: "payments"})
+	res := r.Run(t, amqp.Publishing{MessageId: "charge-o-1", Body: []byte(`{"order":"o-1"}`)})
+	fmt.Println(res.Outcome)
+
+	ob, err := outbox.New(pool, &outbox.Config{Schema: dbSchema})
 	if err != nil {
 		log.Fatal(err)
 	}
-	b, err := outbox.Pending(ctx, pool, schema)
+	b, err := ob.Pending(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
 	var id string
-	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+schema+".outbox").Scan(&id); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+dbSchema+".outbox").Scan(&id); err != nil {
 		log.Fatal(err)
 	}
+	claim := outbox.Claim{Consumer: "payments", Key: "charge-o-1"}
 	fmt.Println("pending:", b.Pending)
 	fmt.Println("message id:", id, id == outbox.MessageID(claim, 1))
 	// Output:
+	// processed
 	// pending: 1
 	// message id: idemq-ac9a7d49858c321b7d16c5fb443098f4 true
 }
@@ -74,7 +91,11 @@ func ExampleRelay_Run() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	relay, err := outbox.NewRelay(pool, "amqp://guest:guest@127.0.0.1:5672/", &outbox.RelayConfig{
+	ob, err := outbox.New(pool, nil) // the default schema, idemq
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(ob, "amqp://guest:guest@127.0.0.1:5672/", &outbox.RelayConfig{
 		ConnectionName: "billing-relay",
 	})
 	if err != nil {

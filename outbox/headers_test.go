@@ -2,15 +2,13 @@ package outbox_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/tern/v2/migrate"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -57,44 +55,29 @@ func TestRelayPublishesHeadersWrittenBeforeTheUpgrade(t *testing.T) {
 	e := newEnv(t, 4)
 	ctx := context.Background()
 	// A schema at version 3 (before 004), where the old code wrote a row.
-	schema := testdb.Schema(t, e.pool)
-	ident := pgx.Identifier{schema}.Sanitize()
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
-		t.Fatal(err)
-	}
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), ident+".schema_version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Data["schema"] = ident
-	if err := m.LoadMigrations(os.DirFS("../dedup/migrations")); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.MigrateTo(ctx, 3); err != nil {
+	schemaName := testdb.Schema(t, e.pool)
+	ident := pgx.Identifier{schemaName}.Sanitize()
+	if err := schema.MigrateTo(ctx, e.pool, schemaName, 3); err != nil {
 		t.Fatalf("migrate to version 3: %v", err)
 	}
 	// What the old Enqueue wrote for these headers.
 	stored := `{"i64": {"t": "int64", "v": 7}, "b": {"t": "bytes", "v": "eA=="}, "s": {"t": "string", "v": "héllo"},
 		"ts": {"t": "timestamp", "v": 1700000000}, "arr": {"t": "array", "v": [{"t": "int32", "v": 1}, {"t": "null"}]},
 		"tab": {"t": "table", "v": {"d": {"t": "decimal", "v": {"scale": 2, "value": 5}}}}}`
-	_, err = conn.Exec(ctx, "INSERT INTO "+ident+".outbox (exchange, routing_key, headers, body, message_id) VALUES ($1, $2, $3, '', 'old')",
+	_, err := e.pool.Exec(ctx, "INSERT INTO "+ident+".outbox (exchange, routing_key, headers, body, message_id) VALUES ($1, $2, $3, '', 'old')",
 		e.exchange, boundKey, stored)
 	if err != nil {
 		t.Fatalf("insert an old row: %v", err)
 	}
-	conn.Release()
-	if err := dedup.Migrate(ctx, e.pool, schema); err != nil {
+	if err := schema.Migrate(ctx, e.pool, schemaName); err != nil {
 		t.Fatalf("upgrade: %v", err)
 	}
 
-	cfg := e.relayConfig(t)
-	cfg.Schema = schema
-	e.startRelay(t, cfg)
+	ob, err := outbox.New(e.pool, &outbox.Config{Schema: schemaName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRelayOf(t, ob, e.relayConfig(t))
 	_, got := e.consumeAll(t, 1, 20*time.Second)
 	headers := got[0].Headers
 	delete(headers, "traceparent")

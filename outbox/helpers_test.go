@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.uber.org/goleak"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -48,8 +48,12 @@ func runRelayProcess(schema string) int {
 	}
 	defer pool.Close()
 	batch, _ := strconv.Atoi(os.Getenv(envRelayBatch))
-	r, err := outbox.NewRelay(pool, testamqp.URL(), &outbox.RelayConfig{
-		Schema:         schema,
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay process:", err)
+		return 3
+	}
+	r, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
 		ConnectionName: os.Getenv(envRelayConn),
 		BatchSize:      batch,
 	})
@@ -80,19 +84,19 @@ const boundKey = "to-q"
 func newEnv(t testing.TB, maxConns int32) *env {
 	t.Helper()
 	pool := testdb.Pool(t, maxConns)
-	schema := testdb.Schema(t, pool)
+	schemaName := testdb.Schema(t, pool)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := dedup.Migrate(ctx, pool, schema); err != nil {
+	if err := schema.Migrate(ctx, pool, schemaName); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	ob, err := outbox.New(&outbox.Config{Schema: schema, Propagator: propagation.TraceContext{}})
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaName, Propagator: propagation.TraceContext{}})
 	if err != nil {
 		t.Fatalf("new outbox: %v", err)
 	}
 	e := &env{
 		pool:     pool,
-		schema:   schema,
+		schema:   schemaName,
 		exchange: testamqp.Name(t, "idemq-test-outbox-x"),
 		queue:    testamqp.Name(t, "idemq-test-outbox-q"),
 		ob:       ob,
@@ -120,7 +124,6 @@ func newEnv(t testing.TB, maxConns int32) *env {
 // name unique to the test, fast retries, and logs into the test log.
 func (e *env) relayConfig(t testing.TB) *outbox.RelayConfig {
 	return &outbox.RelayConfig{
-		Schema:         e.schema,
 		ConnectionName: testamqp.Name(t, "idemq-test-relay"),
 		RetryInitial:   20 * time.Millisecond,
 		RetryMax:       100 * time.Millisecond,
@@ -129,10 +132,17 @@ func (e *env) relayConfig(t testing.TB) *outbox.RelayConfig {
 	}
 }
 
-// startRelay runs a relay until the test ends (then waits for it to drain).
+// startRelay runs a relay of the env's outbox until the test ends (then
+// waits for it to drain).
 func (e *env) startRelay(t testing.TB, cfg *outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(e.pool, testamqp.URL(), cfg)
+	return startRelayOf(t, e.ob, cfg)
+}
+
+// startRelayOf runs a relay of ob until the test ends.
+func startRelayOf(t testing.TB, ob *outbox.Outbox, cfg *outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(ob, testamqp.URL(), cfg)
 	if err != nil {
 		t.Fatalf("new relay: %v", err)
 	}
@@ -158,7 +168,7 @@ func (e *env) backlog(t testing.TB) outbox.Backlog {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := outbox.Pending(ctx, e.pool, e.schema)
+	b, err := e.ob.Pending(ctx)
 	if err != nil {
 		t.Fatalf("pending: %v", err)
 	}

@@ -6,16 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/claim"
 )
 
 // Message is one message to publish. Only Exchange or RoutingKey, and Body,
@@ -33,7 +34,7 @@ type Message struct {
 	ContentType, ContentEncoding string
 	// MessageID is published as the message_id property, the key downstream
 	// consumers deduplicate on. Empty means derived from the claim in the
-	// context (see WithClaim), or a random UUID when there is none.
+	// context (see Claim), or a random UUID when there is none.
 	MessageID string
 	// OrderingKey, when set, orders the message after every earlier message
 	// with the same key: the relays publish one at a time per key, in id
@@ -51,7 +52,8 @@ type Message struct {
 // Config configures an Outbox. A nil *Config means all defaults.
 type Config struct {
 	// Schema is the Postgres schema holding the outbox table (created by
-	// dedup.Migrate). Default dedup.DefaultSchema.
+	// schema.Migrate). Default schema.Default. The outbox's relays, its
+	// retention and its backlog all work on this schema.
 	Schema string
 	// Propagator injects the caller's trace context into each row. Default:
 	// otel.GetTextMapPropagator(). Only its traceparent and tracestate
@@ -65,40 +67,39 @@ func (c *Config) WithDefaults() Config {
 	if c != nil {
 		out = *c
 	}
-	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
+	out.Schema = cmp.Or(out.Schema, schema.Default)
 	return out
 }
 
-var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 func (c Config) validate() error {
-	return validateSchema(c.Schema)
+	return schema.Validate(c.Schema)
 }
 
-func validateSchema(s string) error {
-	if !schemaName.MatchString(s) {
-		return fmt.Errorf("schema %q: want lowercase letters, digits and underscores, starting with a letter or underscore", s)
-	}
-	return nil
-}
-
-// Outbox writes messages into the outbox table of one schema, always in the
-// caller's transaction. It is safe for concurrent use.
+// Outbox is the outbox table of one schema: it writes messages into it,
+// always in the caller's transaction (Enqueue, EnqueueBatch), reports its
+// backlog (Pending), deletes old rows (GC, GCParked), releases parked ones
+// (Unpark), and is what a Relay publishes from (NewRelay). It is safe for
+// concurrent use.
 type Outbox struct {
+	pool   *pgxpool.Pool
 	cfg    Config
 	table  string
 	insert string
 }
 
-// New returns an Outbox. A nil cfg means defaults. The table must exist: run
-// dedup.Migrate first (or `idemq migrate`).
-func New(cfg *Config) (*Outbox, error) {
+// New returns the outbox in pool's database. A nil cfg means defaults. The
+// table must exist: run schema.Migrate first (or `idemq migrate`).
+func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: nil pool")
+	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	table := pgx.Identifier{c.Schema, "outbox"}.Sanitize()
 	return &Outbox{
+		pool:  pool,
 		cfg:   c,
 		table: table,
 		insert: `INSERT INTO ` + table + ` (` + columnList + `)
@@ -185,8 +186,8 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 		m.Body = []byte{}
 	}
 	if m.MessageID == "" {
-		if c, ok := claimFrom(ctx); ok {
-			m.MessageID = MessageID(c.Claim, c.seq.Add(1))
+		if id, ok := claim.Next(ctx); ok {
+			m.MessageID = id
 		} else {
 			m.MessageID = uuid.NewString()
 		}
@@ -217,32 +218,44 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 	}, nil
 }
 
-// Enqueue writes msg into the outbox of the schema named by the claim in ctx
-// (see WithClaim), or of dedup.DefaultSchema, in tx.
+// ErrNoOutbox is what the package-level Enqueue and EnqueueBatch return
+// when the context carries no Outbox (see NewContext).
+var ErrNoOutbox = errors.New("no outbox in the context: call Outbox.Enqueue, or enqueue from a handler the consumer runs")
+
+type outboxKey struct{}
+
+// NewContext returns a context carrying o, for the package-level Enqueue and
+// EnqueueBatch. The consumer runtime puts the outbox of its store's schema
+// into every handler's context.
+func NewContext(ctx context.Context, o *Outbox) context.Context {
+	return context.WithValue(ctx, outboxKey{}, o)
+}
+
+// FromContext returns the Outbox carried by ctx, if any.
+func FromContext(ctx context.Context) (*Outbox, bool) {
+	o, ok := ctx.Value(outboxKey{}).(*Outbox)
+	return o, ok && o != nil
+}
+
+// Enqueue is Outbox.Enqueue on the outbox carried by ctx (NewContext): in a
+// handler the consumer runs, that of the consumer's store. Without one it
+// returns ErrNoOutbox.
 func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
-	o, err := fromContext(ctx)
-	if err != nil {
-		return err
+	o, ok := FromContext(ctx)
+	if !ok {
+		return fmt.Errorf("outbox: enqueue: %w", ErrNoOutbox)
 	}
 	return o.Enqueue(ctx, tx, msg)
 }
 
-// EnqueueBatch is Outbox.EnqueueBatch in the schema named by the claim in
-// ctx, or in dedup.DefaultSchema.
+// EnqueueBatch is Outbox.EnqueueBatch on the outbox carried by ctx, like
+// Enqueue.
 func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
-	o, err := fromContext(ctx)
-	if err != nil {
-		return err
+	o, ok := FromContext(ctx)
+	if !ok {
+		return fmt.Errorf("outbox: enqueue batch: %w", ErrNoOutbox)
 	}
 	return o.EnqueueBatch(ctx, tx, msgs)
-}
-
-func fromContext(ctx context.Context) (*Outbox, error) {
-	var schema string
-	if c, ok := claimFrom(ctx); ok {
-		schema = c.Schema
-	}
-	return New(&Config{Schema: schema})
 }
 
 // finite refuses NaN and infinite floats, which RabbitMQ answers by closing

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/outbox"
 )
@@ -26,7 +27,11 @@ func TestMessageIDFromClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
 	ctx := context.Background()
-	claim := outbox.Claim{Schema: e.schema, Consumer: "payments", Tenant: "t1", Key: "charge-1"}
+	c := outbox.Claim{Consumer: "payments", Tenant: "t1", Key: "charge-1"}
+	// What the consumer runtime does before it runs a handler.
+	underClaim := func() context.Context {
+		return outbox.NewContext(claim.With(ctx, claim.Claim(c)), e.ob)
+	}
 
 	enqueueUnder := func(ctx context.Context) []string {
 		var ids []string
@@ -53,29 +58,29 @@ func TestMessageIDFromClaim(t *testing.T) {
 		return []string{ids[3], ids[2], ids[1], ids[0]}
 	}
 
-	first := enqueueUnder(outbox.WithClaim(ctx, claim))
-	want := []string{outbox.MessageID(claim, 1), "explicit", outbox.MessageID(claim, 2), outbox.MessageID(claim, 3)}
+	first := enqueueUnder(underClaim())
+	want := []string{outbox.MessageID(c, 1), "explicit", outbox.MessageID(c, 2), outbox.MessageID(c, 3)}
 	if !reflect.DeepEqual(first, want) {
 		t.Fatalf("message ids = %v, want %v", first, want)
 	}
 	if !regexp.MustCompile(`^idemq-[0-9a-f]{32}$`).MatchString(first[0]) {
 		t.Fatalf("message id %q: want idemq- and 32 hex digits", first[0])
 	}
-	// A retry of the operation (a fresh WithClaim) produces the same ids.
-	if again := enqueueUnder(outbox.WithClaim(ctx, claim)); !reflect.DeepEqual(again, first) {
+	// A retry of the operation (a fresh claim) produces the same ids.
+	if again := enqueueUnder(underClaim()); !reflect.DeepEqual(again, first) {
 		t.Fatalf("retry message ids = %v, want %v", again, first)
 	}
 	// Another tenant, key or step gives other ids.
-	for _, c := range []outbox.Claim{
+	for _, other := range []outbox.Claim{
 		{Consumer: "payments", Tenant: "t2", Key: "charge-1"},
 		{Consumer: "payments", Tenant: "t1", Key: "charge-2"},
 		{Consumer: "payments", Tenant: "t1", Key: "charge-1", Step: "s"},
 	} {
-		if outbox.MessageID(c, 1) == first[0] {
-			t.Fatalf("claim %+v shares message id %s", c, first[0])
+		if outbox.MessageID(other, 1) == first[0] {
+			t.Fatalf("claim %+v shares message id %s", other, first[0])
 		}
 	}
-	stepCtx := outbox.WithStep(outbox.WithClaim(ctx, claim), "capture")
+	stepCtx := outbox.WithStep(underClaim(), "capture")
 	if got, ok := outbox.ClaimFrom(stepCtx); !ok || got.Step != "capture" || got.Key != "charge-1" {
 		t.Fatalf("claim in step context = %+v, %v", got, ok)
 	}
@@ -149,8 +154,11 @@ func TestEnqueueWithoutClaim(t *testing.T) {
 	if err := e.ob.Enqueue(ctx, nil, outbox.Message{}); err == nil {
 		t.Fatal("enqueue without a transaction succeeded")
 	}
-	if _, err := outbox.New(&outbox.Config{Schema: "Bad-Schema"}); err == nil {
+	if _, err := outbox.New(e.pool, &outbox.Config{Schema: "Bad-Schema"}); err == nil {
 		t.Fatal("new with a bad schema succeeded")
+	}
+	if _, err := outbox.New(nil, nil); err == nil {
+		t.Fatal("new without a pool succeeded")
 	}
 }
 
@@ -245,27 +253,26 @@ func TestRelayConfigValidation(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	for _, cfg := range []*outbox.RelayConfig{
-		{Schema: "no-such-Schema"},
 		{BatchSize: -1},
 		{RetryInitial: time.Minute, RetryMax: time.Second},
 		{PollInterval: -time.Second},
 		{MaxBatchBytes: -1},
 	} {
-		if _, err := outbox.NewRelay(e.pool, "amqp://guest:guest@127.0.0.1:5672/", cfg); err == nil {
+		if _, err := outbox.NewRelay(e.ob, "amqp://guest:guest@127.0.0.1:5672/", cfg); err == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
-	if _, err := outbox.NewRelay(e.pool, "", nil); err == nil {
+	if _, err := outbox.NewRelay(e.ob, "", nil); err == nil {
 		t.Error("relay without a URL accepted")
 	}
-	_, err := outbox.NewRelay(e.pool, "amqp://user:s3cret@[bad", nil)
+	_, err := outbox.NewRelay(e.ob, "amqp://user:s3cret@[bad", nil)
 	if err == nil {
 		t.Fatal("malformed URL accepted")
 	}
 	if regexp.MustCompile("s3cret").MatchString(err.Error()) {
 		t.Fatalf("error leaks the password: %v", err)
 	}
-	r, err := outbox.NewRelay(e.pool, "amqp://guest:guest@127.0.0.1:5672/", nil)
+	r, err := outbox.NewRelay(e.ob, "amqp://guest:guest@127.0.0.1:5672/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

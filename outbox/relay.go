@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // instrumentationName names the relay's tracer and meter.
@@ -29,6 +30,7 @@ const instrumentationName = "github.com/idemq/idemq/outbox"
 // may run side by side on one outbox: each claims its own rows (FOR UPDATE
 // SKIP LOCKED). See Run.
 type Relay struct {
+	ob     *Outbox
 	pool   *pgxpool.Pool
 	dial   DialFunc
 	cfg    RelayConfig
@@ -44,12 +46,12 @@ type Relay struct {
 	}
 }
 
-// NewRelay returns a relay that moves the outbox rows in pool to the broker
-// at amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
+// NewRelay returns a relay that moves the rows of ob to the broker at
+// amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
 // is never logged.
-func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, error) {
-	if pool == nil {
-		return nil, errors.New("outbox: new relay: nil pool")
+func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
+	if ob == nil {
+		return nil, errors.New("outbox: new relay: nil outbox")
 	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
@@ -66,12 +68,14 @@ func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, err
 		}
 		dial = dialURL(amqpURL, c.ConnectionName)
 	}
+	schema := ob.cfg.Schema
 	r := &Relay{
-		pool:   pool,
+		ob:     ob,
+		pool:   ob.pool,
 		dial:   dial,
 		cfg:    c,
-		sql:    newRelayStatements(c.Schema),
-		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", c.Schema),
+		sql:    newRelayStatements(schema),
+		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", schema),
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
 		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
 	}
@@ -80,7 +84,7 @@ func NewRelay(pool *pgxpool.Pool, amqpURL string, cfg *RelayConfig) (*Relay, err
 		return nil, fmt.Errorf("outbox: new relay: metrics: %w", err)
 	}
 	r.inst = inst
-	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(c.Schema))
+	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(schema))
 	return r, nil
 }
 
@@ -150,7 +154,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 			if ctx.Err() != nil {
 				break
 			}
-			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redactErr(err))
+			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
 			r.reconnected(ctx)
 			if !sleepCtx(ctx, bo.NextBackOff()) {
 				break
@@ -165,7 +169,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 		if served {
 			bo.Reset()
 		}
-		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redactErr(err))
+		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redact.Error(err))
 		r.reconnected(ctx)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			break
@@ -254,7 +258,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 		}
 	}
 	bo := r.reconnectBackoff()
-	channel := ChannelName(r.cfg.Schema)
+	channel := ChannelName(r.ob.cfg.Schema)
 	for ctx.Err() == nil {
 		err := func() error {
 			cfg := r.pool.Config().ConnConfig.Copy()
@@ -404,13 +408,4 @@ func (s *session) exchangeExists(name string) (bool, error) {
 		return false, nil
 	}
 	return false, &brokerError{fmt.Errorf("check exchange: %w", err)}
-}
-
-// redactErr keeps broker errors free of connection URLs: amqp091-go's dial
-// errors carry only addresses, but a caller's Dial function may wrap more.
-func redactErr(err error) string {
-	if err == nil {
-		return ""
-	}
-	return redactURLs(err.Error())
 }

@@ -12,8 +12,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/idemq/idemq/dedup"
 )
 
 // Defaults used where a RelayConfig leaves a field zero.
@@ -37,10 +35,9 @@ const (
 // DialFunc opens a broker connection for the relay.
 type DialFunc func(ctx context.Context) (*amqp.Connection, error)
 
-// RelayConfig configures a Relay. A nil *RelayConfig means all defaults.
+// RelayConfig configures a Relay. A nil *RelayConfig means all defaults. The
+// schema is the Outbox's (Config.Schema).
 type RelayConfig struct {
-	// Schema is the Postgres schema holding the outbox. Default dedup.DefaultSchema.
-	Schema string
 	// ConnectionName is the client-provided name of the relay's broker
 	// connection, shown by RabbitMQ. Default "idemq-outbox-relay".
 	ConnectionName string
@@ -94,7 +91,6 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 	if c != nil {
 		out = *c
 	}
-	out.Schema = cmp.Or(out.Schema, dedup.DefaultSchema)
 	out.ConnectionName = cmp.Or(out.ConnectionName, DefaultConnectionName)
 	out.BatchSize = cmp.Or(out.BatchSize, DefaultBatchSize)
 	out.Lanes = cmp.Or(out.Lanes, DefaultLanes)
@@ -110,9 +106,6 @@ func (c *RelayConfig) WithDefaults() RelayConfig {
 }
 
 func (c RelayConfig) validate() error {
-	if err := validateSchema(c.Schema); err != nil {
-		return err
-	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("batch size %d: want 1 to 10000", c.BatchSize)
 	}

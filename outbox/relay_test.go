@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/outbox"
@@ -43,13 +44,13 @@ func (e *env) enqueueRows(t testing.TB, n, writers, perTx, rollbackEvery int) (c
 			for txn := 0; share > 0; txn++ {
 				rollback := rollbackEvery > 0 && txn%rollbackEvery == rollbackEvery-1
 				size := min(perTx, share)
-				claim := outbox.Claim{Consumer: "writer", Tenant: strconv.Itoa(w), Key: fmt.Sprintf("tx-%d", txn)}
-				cctx := outbox.WithClaim(ctx, claim)
+				c := outbox.Claim{Consumer: "writer", Tenant: strconv.Itoa(w), Key: fmt.Sprintf("tx-%d", txn)}
+				cctx := claim.With(ctx, claim.Claim(c))
 				msgs := make([]outbox.Message, size)
 				ids := make([]string, size)
 				for i := range msgs {
 					msgs[i] = outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, Body: []byte(strconv.Itoa(i))}
-					ids[i] = outbox.MessageID(claim, int64(i+1))
+					ids[i] = outbox.MessageID(c, int64(i+1))
 				}
 				tx, err := e.pool.Begin(ctx)
 				if err != nil {
@@ -294,10 +295,12 @@ func TestRelayUnroutableParked(t *testing.T) {
 			t.Fatalf("routable message %s received %d times", id, ids[id])
 		}
 	}
-	// A message reaches the queue before its row is marked: wait for both.
-	waitFor(t, 30*time.Second, "both messages parked, the others marked", func() bool {
-		b := e.backlog(t)
-		return b.Parked == 2 && b.Pending == 0
+	// A message reaches the queue before its row is marked, and the relay
+	// counts a batch after its commit: wait for both.
+	waitFor(t, 30*time.Second, "both messages parked, the others marked and counted", func() bool {
+		s, err := r.Stats(ctx)
+		return err == nil && s.Backlog.Parked == 2 && s.Backlog.Pending == 0 && s.Published == 200 &&
+			s.Parked == 2 && strings.Count(logs.String(), "PARKED") == 2
 	})
 
 	type parked struct {
@@ -346,7 +349,7 @@ func TestRelayUnroutableParked(t *testing.T) {
 	if err := ch.QueueBind(e.queue, "nowhere", e.exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.Unpark(ctx, e.pool, e.schema, got[0].id); err != nil || n != 1 {
+	if n, err := e.ob.Unpark(ctx, got[0].id); err != nil || n != 1 {
 		t.Fatalf("unpark = %d, %v", n, err)
 	}
 	ids, _ = e.consumeAll(t, 1, 30*time.Second)
@@ -506,19 +509,19 @@ func TestGC(t *testing.T) {
 		b := e.backlog(t)
 		return b.Pending == 0 && b.Parked == 1
 	})
-	if n, err := outbox.GC(ctx, e.pool, e.schema, time.Hour, 3); err != nil || n != 0 {
+	if n, err := e.ob.GC(ctx, time.Hour, 3); err != nil || n != 0 {
 		t.Fatalf("gc of fresh rows deleted %d, %v", n, err)
 	}
 	if _, err := e.pool.Exec(ctx, "UPDATE "+e.schema+".outbox SET published_at = published_at - interval '2 hours' WHERE published_at IS NOT NULL"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := outbox.GC(ctx, e.pool, e.schema, time.Hour, 3); err != nil || n != 10 {
+	if n, err := e.ob.GC(ctx, time.Hour, 3); err != nil || n != 10 {
 		t.Fatalf("gc deleted %d, %v; want 10", n, err)
 	}
 	if b := e.backlog(t); b.Parked != 1 {
 		t.Fatalf("gc touched the parked row: %+v", b)
 	}
-	if n, err := outbox.GCParked(ctx, e.pool, e.schema, 0, 0); err != nil || n != 1 {
+	if n, err := e.ob.GCParked(ctx, 0, 0); err != nil || n != 1 {
 		t.Fatalf("gc parked deleted %d, %v; want 1", n, err)
 	}
 }
@@ -578,7 +581,7 @@ func TestRelayPoisonRowParked(t *testing.T) {
 }
 
 // With the broker unreachable the relay keeps retrying, logs without the
-// URL's password, and still stops at once when its context ends.
+// URL's user and password, and still stops at once when its context ends.
 func TestRelayBrokerDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
@@ -589,7 +592,7 @@ func TestRelayBrokerDown(t *testing.T) {
 	cfg.Dial = func(context.Context) (*amqp.Connection, error) {
 		return nil, errors.New("dial amqp://relay:s3cret@broker.invalid:5672/: connection refused")
 	}
-	r, err := outbox.NewRelay(e.pool, "", cfg)
+	r, err := outbox.NewRelay(e.ob, "", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +617,7 @@ func TestRelayBrokerDown(t *testing.T) {
 		t.Fatalf("pending = %d, want 3", b.Pending)
 	}
 	out := logs.String()
-	if strings.Contains(out, "s3cret") || !strings.Contains(out, "amqp://relay:xxxxx@broker.invalid") {
+	if strings.Contains(out, "s3cret") || !strings.Contains(out, "amqp://xxxxx@broker.invalid") {
 		t.Fatalf("logs do not redact the password:\n%s", out)
 	}
 }

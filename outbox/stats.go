@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -24,16 +22,12 @@ type Backlog struct {
 	Parked int64
 }
 
-// Pending reports the backlog of the outbox in schema ("" = dedup.DefaultSchema).
-func Pending(ctx context.Context, pool *pgxpool.Pool, schema string) (Backlog, error) {
-	schema = cmp.Or(schema, (&Config{}).WithDefaults().Schema)
-	if err := validateSchema(schema); err != nil {
-		return Backlog{}, fmt.Errorf("outbox: pending: %w", err)
-	}
-	t := pgx.Identifier{schema, "outbox"}.Sanitize()
+// Pending reports the backlog of the outbox.
+func (o *Outbox) Pending(ctx context.Context) (Backlog, error) {
+	t := o.table
 	var b Backlog
 	var ageUS int64
-	err := pool.QueryRow(ctx, `SELECT
+	err := o.pool.QueryRow(ctx, `SELECT
     (SELECT count(*) FROM `+t+` WHERE published_at IS NULL AND parked_at IS NULL),
     coalesce((SELECT (extract(epoch FROM now() - min(created_at)) * 1e6)::bigint
               FROM `+t+` WHERE published_at IS NULL AND parked_at IS NULL), 0),
@@ -66,7 +60,7 @@ type Stats struct {
 
 // Stats returns the relay's counters and the outbox backlog.
 func (r *Relay) Stats(ctx context.Context) (Stats, error) {
-	b, err := Pending(ctx, r.pool, r.cfg.Schema)
+	b, err := r.ob.Pending(ctx)
 	s := Stats{
 		Backlog:    b,
 		Published:  r.counts.published.Load(),
@@ -133,11 +127,11 @@ func newInstruments(mp metric.MeterProvider) (instruments, error) {
 // registerGauges reports the backlog while the relay runs; it returns the
 // function that stops it.
 func (r *Relay) registerGauges() func() {
-	set := schemaAttrs(r.cfg.Schema)
+	set := schemaAttrs(r.ob.cfg.Schema)
 	reg, err := r.inst.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		b, err := Pending(ctx, r.pool, r.cfg.Schema)
+		b, err := r.ob.Pending(ctx)
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
@@ -354,7 +355,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 		fwd[i] = start(t, fmt.Sprintf("forwarder %d", i), environ, args...)
 	}
 	waitConsumers := func(n int) {
-		waitFor(t, 30*time.Second, fmt.Sprintf("%d consumers on %s", n, q), func() bool {
+		consumertest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d consumers on %s", n, q), func() bool {
 			_, c := queueState(t, conn, q)
 			return c == n
 		})
@@ -394,7 +395,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	burstKeys := []string{"burst-1", "burst-2", "burst-3"}
 	bursts(burstKeys...)
 	keysA = append(keysA, burstKeys...)
-	waitFor(t, 60*time.Second, "phase A forwarded", func() bool { return outCount() >= len(keysA) })
+	consumertest.WaitFor(t, 60*time.Second, "phase A forwarded", func() bool { return outCount() >= len(keysA) })
 	checkMetrics(t, fwd[1])
 
 	// Phase B: one forwarder is killed while messages flow, then restarted.
@@ -421,7 +422,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	// of the killed forwarder's keys wait in a retry tier for its lease, and
 	// the output's duplicates make a count of its messages no proof.
 	pool := testdb.Pool(t, 2)
-	waitFor(t, 90*time.Second, "phase B forwarded", func() bool {
+	consumertest.WaitFor(t, 90*time.Second, "phase B forwarded", func() bool {
 		var completed, pending int
 		err := pool.QueryRow(context.Background(), "SELECT (SELECT count(*) FROM "+schema+".keys WHERE state = 'completed'), (SELECT count(*) FROM "+schema+".outbox WHERE published_at IS NULL)").Scan(&completed, &pending)
 		return err == nil && completed == len(keysA)+len(keysB) && pending == 0 && outCount() >= len(keysA)+len(keysB)
@@ -435,7 +436,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	publish("bad\x01key", `{}`, nil)
 	publish("", `{}`, amqp.Table{"Idempotency-Key": strings.Repeat("k", 300)}) // too long
 	wantDLQ := map[string]int{"idempotency_key_reuse": 2, "idempotency_key_required": 2, "idempotency_key_invalid": 2}
-	waitFor(t, 30*time.Second, "6 dead letters", func() bool { n, _ := queueState(t, conn, q+".dlq"); return n == 6 })
+	consumertest.WaitFor(t, 30*time.Second, "6 dead letters", func() bool { n, _ := queueState(t, conn, q+".dlq"); return n == 6 })
 
 	// SIGTERM: every forwarder drains and exits 0 within its bounds.
 	for _, p := range fwd {
@@ -523,7 +524,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	}
 	// The messages read go back when the command's channel closes (a
 	// quorum queue applies the return shortly after).
-	waitFor(t, 10*time.Second, "the listed dead letters back in the DLQ", func() bool {
+	consumertest.WaitFor(t, 10*time.Second, "the listed dead letters back in the DLQ", func() bool {
 		n, _ := queueState(t, conn, q+".dlq")
 		return n == 6
 	})
@@ -535,7 +536,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 	if strings.TrimSpace(r.stdout) != "replayed 2, skipped 4" {
 		t.Fatalf("dlq replay: %s", r)
 	}
-	waitFor(t, 10*time.Second, "the 4 skipped dead letters back in the DLQ", func() bool {
+	consumertest.WaitFor(t, 10*time.Second, "the 4 skipped dead letters back in the DLQ", func() bool {
 		n, _ := queueState(t, conn, q+".dlq")
 		return n == 4
 	})
@@ -587,7 +588,7 @@ var metricsAddrLog = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
 func checkMetrics(t *testing.T, p *proc) {
 	t.Helper()
 	var addr string
-	waitFor(t, 10*time.Second, "the metrics address in the log", func() bool {
+	consumertest.WaitFor(t, 10*time.Second, "the metrics address in the log", func() bool {
 		m := metricsAddrLog.FindStringSubmatch(p.stderr.String())
 		if m != nil {
 			addr = m[1]

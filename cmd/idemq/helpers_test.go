@@ -206,19 +206,6 @@ func (p *proc) wait(t testing.TB, timeout time.Duration) int {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		// Polling interval, not synchronisation: cond is the condition.
-		<-time.After(50 * time.Millisecond)
-	}
-}
-
 // queueState returns the ready messages and consumers of queue, on a
 // throwaway channel (a failed passive declare closes it).
 func queueState(t testing.TB, conn *amqp.Connection, queue string) (messages, consumers int) {

@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idemq/idemq/internal/cli"
+	"github.com/idemq/idemq/cmd/idemq/internal/cli"
 )
 
 func main() {

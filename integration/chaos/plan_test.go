@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -388,7 +389,7 @@ func TestPlanTrimWindow(t *testing.T) {
 			continue
 		}
 		msg := o.message()
-		maps.Copy(msg.Headers, consumer.RetryHeaders(2))
+		maps.Copy(msg.Headers, wire.RetryHeaders(2))
 		untrimmed, _ := confirm.HeaderFrameSize(msg)
 		delete(msg.Headers, "tracestate")
 		trimmed, _ := confirm.HeaderFrameSize(msg)

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // report is what a soak found, computed at the end from the database and
@@ -286,13 +287,14 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	dead = append(moved, dead...)
 	r.DLQMessages = len(dead)
 	for _, d := range dead {
-		reason := deadLetterReason(d.Headers)
+		l := wire.ReadLetter(&d)
+		reason := l.Label()
 		r.DLQByReason[reason]++
-		if e, _ := d.Headers[consumer.HeaderError].(string); e == "" {
+		if l.Error == "" {
 			r.DLQNoError++
 		}
-		tenant, _ := consumer.ExtractTenant(&d, consumer.DefaultTenantHeader, false)
-		key, _ := consumer.ExtractKey(&d, nil, consumer.DefaultKeyHeader)
+		tenant, _ := wire.ReadTenant(&d, consumer.DefaultTenantHeader, false)
+		key, _ := wire.ReadKey(&d, consumer.DefaultKeyHeader)
 		k := scoped{tenant, key}
 		dlqKeys[k]++
 		if o := ops[k]; o == nil || o.deadLetterReason() == "" || reason != o.deadLetterReason() {
@@ -438,22 +440,6 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 		fail("publisher confirmed %d of %d messages (%v)", r.Confirmed, r.Planned, r.PublishErr)
 	}
 	return r
-}
-
-// deadLetterReason is x-idemq-reason, or the broker's own reason (x-death)
-// for a message the broker dead-lettered itself (the delivery limit).
-func deadLetterReason(h amqp.Table) string {
-	if r, ok := h[consumer.HeaderReason].(string); ok && r != "" {
-		return r
-	}
-	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		if t, ok := deaths[0].(amqp.Table); ok {
-			if r, ok := t["reason"].(string); ok {
-				return "broker:" + r
-			}
-		}
-	}
-	return consumer.ReasonUnknown
 }
 
 // String prints the report.

@@ -18,7 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -198,7 +198,7 @@ func (s *soak) setup() (frameMax int) {
 	}
 	t.Cleanup(s.pool.Close)
 	s.schema = "idemq_chaos_" + s.runID
-	if err := dedup.Migrate(ctx, s.pool, s.schema); err != nil {
+	if err := schema.Migrate(ctx, s.pool, s.schema); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	sch := pgx.Identifier{s.schema}.Sanitize()

@@ -124,8 +124,11 @@ func work(ctx context.Context, wc workerConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(pool, wc.AMQPURL, &outbox.RelayConfig{
-		Schema:         wc.Schema,
+	ob, err := outbox.New(pool, &outbox.Config{Schema: wc.Schema})
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(ob, wc.AMQPURL, &outbox.RelayConfig{
 		ConnectionName: wc.AppName + "-relay",
 		Logger:         log,
 		PollInterval:   500 * time.Millisecond,

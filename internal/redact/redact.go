@@ -4,6 +4,7 @@ package redact
 import (
 	"net/url"
 	"regexp"
+	"strings"
 )
 
 // userinfo matches the credentials part of any URL in free text.
@@ -18,6 +19,18 @@ func URL(u string) string {
 	}
 	parsed.User = url.User("xxxxx")
 	return parsed.String()
+}
+
+// dsnPassword matches a password in a key=value connection string.
+var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// DSN returns a Postgres connection string for logs: a URL as URL redacts
+// it, a key=value string with its password replaced by "xxxxx".
+func DSN(s string) string {
+	if strings.Contains(s, "://") {
+		return URL(s)
+	}
+	return dsnPassword.ReplaceAllString(s, "${1}xxxxx")
 }
 
 // String removes the credentials of every URL in s.

@@ -26,3 +26,18 @@ func TestRedact(t *testing.T) {
 		t.Fatalf("user left in %q", got)
 	}
 }
+
+func TestDSN(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://app:secret@db:5432/app":          "postgres://xxxxx@db:5432/app",
+		"host=db user=app password=secret dbname=x":  "host=db user=app password=xxxxx dbname=x",
+		"host=db password='s e c r e t' dbname=x":    "host=db password=xxxxx dbname=x",
+		"postgres://postgres@127.0.0.1:5432/db":      "postgres://xxxxx@127.0.0.1:5432/db",
+		"postgres://127.0.0.1:5432/db?sslmode=false": "postgres://127.0.0.1:5432/db?sslmode=false",
+	} {
+		if got := redact.DSN(in); got != want {
+			t.Errorf("DSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -59,26 +59,34 @@ func open(tb testing.TB, cfg *pgxpool.Config, unreachable string) *pgxpool.Pool 
 	return pool
 }
 
-// Schema returns a fresh, unique schema name for one test and drops the
-// schema (and everything in it) when the test ends.
+// cleanupTimeout bounds dropping a test's schema.
+const cleanupTimeout = 30 * time.Second
+
+// Schema returns a fresh, unique schema name for one test, not created,
+// and drops the schema (and everything in it), if something created it,
+// when the test ends, on a connection of its own (the pool may be closed by
+// then). Most tests want deduptest.Schema, migrated.
 func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 	tb.Helper()
 	name := "idemq_t_" + RandomHex(6)
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		// The pool may already be closed by an earlier cleanup; use a fresh connection.
-		conn, err := pgx.Connect(ctx, URL())
-		if err != nil {
-			tb.Logf("testdb: drop schema %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
-			tb.Logf("testdb: drop schema %s: %v", name, err)
-		}
-	})
+	connConfig := pool.Config().ConnConfig
+	tb.Cleanup(func() { drop(tb, connConfig, name) })
 	return name
+}
+
+// drop drops schema on a connection of its own.
+func drop(tb testing.TB, connConfig *pgx.ConnConfig, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, connConfig)
+	if err != nil {
+		tb.Logf("testdb: drop schema %s: %v", schema, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		tb.Logf("testdb: drop schema %s: %v", schema, err)
+	}
 }
 
 // RandomHex returns n random bytes as hex, for unique names in tests.

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+func TestCause(t *testing.T) {
+	refused := fmt.Errorf("failed to connect: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{refused, "connection refused"},
+		{fmt.Errorf("ping: %w", context.DeadlineExceeded), "no answer within 5s"},
+		{errors.Join(refused, errors.New("second host")), "connection refused"},
+		{errors.New("dial amqp://u:secret@h:1/: boom"), "dial amqp://xxxxx@h:1/: boom"},
+	} {
+		if got := cause(tc.err, 5*time.Second); got != tc.want {
+			t.Errorf("cause(%v) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestReportTraceLink(t *testing.T) {
+	now := time.Now()
+	rec := &dedup.Record{Scope: dedup.Scope{Consumer: "c"}, State: dedup.StateCompleted, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", CreatedAt: now}
+	r := report(rec, "h", false, "http://jaeger:16686/")
+	if r.TraceURL != "http://jaeger:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("trace url %q", r.TraceURL)
+	}
+	rec.TraceID = "00000000000000000000000000000000" // no tracer installed
+	if r = report(rec, "h", false, "http://jaeger:16686"); r.TraceID != "" || r.TraceURL != "" {
+		t.Errorf("zero trace id: %+v", r)
+	}
+}
+
+func TestMainExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"version"}, ExitOK},
+		{[]string{"dlq"}, ExitOK},
+		{[]string{"nope"}, ExitUsage},
+		{[]string{"gc", "--retention", "0s"}, ExitUsage},
+		{[]string{"version", "--log-format", "xml"}, ExitUsage},
+		{[]string{"migrate", "--postgres-url", "postgres://u:secret@127.0.0.1:1/x", "--connect-timeout", "2s"}, ExitFailure},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(context.Background(), tc.args, &stdout, &stderr); code != tc.code {
+			t.Errorf("%v: exit %d, want %d\n%s%s", tc.args, code, tc.code, stdout.String(), stderr.String())
+		}
+		if strings.Contains(stderr.String(), "secret") {
+			t.Errorf("%v: secret leaked: %s", tc.args, stderr.String())
+		}
+	}
+}

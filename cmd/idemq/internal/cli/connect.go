@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/redact"
+)
+
+// openPostgres opens a pool of at most maxConns connections and checks that
+// Postgres answers within the connect timeout. Its error is one line that
+// names the (redacted) URL and the cause.
+func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(a.postgresURL)
+	if err != nil {
+		// pgx redacts the password of the string it quotes.
+		return nil, fmt.Errorf("invalid Postgres URL: %s", redact.Error(err))
+	}
+	cfg.ConnConfig.ConnectTimeout = a.connectTimeout
+	cfg.MaxConns = max(maxConns, 1)
+	cfg.MinConns = 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*a.connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
+	}
+	return pool, nil
+}
+
+// requireSchema fails with a pointer to `idemq migrate` when the schema's
+// tables do not exist yet.
+func (a *app) requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	applied, known, err := schema.Version(ctx, pool, a.schema)
+	switch {
+	case err != nil:
+		return fmt.Errorf("read schema version of %s: %s", a.schema, cause(err, a.connectTimeout))
+	case applied == 0:
+		return fmt.Errorf("schema %s is not migrated: run `idemq migrate --schema %s` first", a.schema, a.schema)
+	case applied < known:
+		return fmt.Errorf("schema %s is at version %d, this idemq needs %d: run `idemq migrate --schema %s` first", a.schema, applied, known, a.schema)
+	}
+	return nil
+}
+
+// amqpConfig is the connection config of the CLI's broker connections: a
+// client-provided name (shown by RabbitMQ) and a bounded dial and handshake.
+func (a *app) amqpConfig(name string) amqp.Config {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	return amqp.Config{
+		Properties: props,
+		Heartbeat:  10 * time.Second,
+		Dial:       amqp.DefaultDial(a.connectTimeout),
+	}
+}
+
+// dialAMQP opens a broker connection named name. Its error is one line that
+// names the (redacted) URL and the cause.
+func (a *app) dialAMQP(name string) (*amqp.Connection, error) {
+	if _, err := amqp.ParseURI(a.amqpURL); err != nil {
+		return nil, fmt.Errorf("invalid RabbitMQ URL %s: %s", redact.URL(a.amqpURL), redact.Error(err))
+	}
+	conn, err := amqp.DialConfig(a.amqpURL, a.amqpConfig(name))
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redact.URL(a.amqpURL), cause(err, a.connectTimeout))
+	}
+	return conn, nil
+}
+
+// cause is the innermost, most telling part of a connection error, such as
+// "connection refused", without the wrappers' repetitions.
+func cause(err error, timeout time.Duration) string {
+	if err == nil {
+		return ""
+	}
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return fmt.Sprintf("no answer within %s", timeout)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return redact.String(pgErr.Error())
+	}
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) {
+		return redact.String(amqpErr.Error())
+	}
+	inner := err
+	for {
+		switch u := inner.(type) { //nolint:errorlint // walks the chain itself, to its innermost error
+		case interface{ Unwrap() error }:
+			next := u.Unwrap()
+			if next == nil {
+				return redact.Error(inner)
+			}
+			inner = next
+		case interface{ Unwrap() []error }:
+			errs := u.Unwrap()
+			if len(errs) == 0 {
+				return redact.Error(inner)
+			}
+			inner = errs[0]
+		default:
+			return redact.Error(inner)
+		}
+	}
+}

@@ -1,0 +1,217 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
+	"github.com/idemq/idemq/consumer"
+)
+
+func (a *app) dlqCommand() *cobra.Command {
+	return group("dlq", "List and replay the dead letters of a work queue", `Dead letters of work queue Q are in Q.dlq. Those dead-lettered by idemq carry
+x-idemq-reason (`+consumer.ReasonKeyRequired+`, `+consumer.ReasonKeyInvalid+`,
+`+consumer.ReasonKeyReuse+`, `+consumer.ReasonPermanentError+`, `+consumer.ReasonMaxAttemptsExceeded+`,
+`+consumer.ReasonHeadersTooLarge+`); those the broker dead-lettered itself carry
+x-death (`+consumer.ReasonDeliveryLimit+` when a message kept crashing its workers;
+`+consumer.ReasonExpired+`, `+consumer.ReasonMaxLen+`, `+consumer.ReasonRejected+`).`, a.dlqListCommand(), a.dlqReplayCommand())
+}
+
+func (a *app) dlqListCommand() *cobra.Command {
+	var (
+		queue  string
+		limit  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list --queue Q",
+		Short: "Show the dead letters of Q.dlq without removing them",
+		Long: `Show the dead letters of Q.dlq: message_id, reason (x-idemq-reason, or the
+broker's x-death reason such as delivery_limit), attempts, first seen, the
+original exchange and routing key, and the error text; then a count by reason.
+
+Nothing is removed: the messages are read with basic.get and never acked, and
+all go back to the queue when the command's channel closes. While they are
+held, other consumers of Q.dlq do not see them.`,
+		Example: `  idemq dlq list --queue payments
+  idemq dlq list --queue payments --limit 0 --json`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := nonEmpty(cmd.Flags(), "queue"); err != nil {
+				return err
+			}
+			if limit < 0 {
+				return usagef("--limit %d must not be negative", limit)
+			}
+			conn, err := a.dialAMQP("idemq-dlq-list")
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			printLetters(a.stdout, res)
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&queue, "queue", "", "the work queue Q whose Q.dlq is listed (required)")
+	f.IntVar(&limit, "limit", 100, "most dead letters shown (0: all)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	requireFlags(cmd, "queue")
+	return cmd
+}
+
+func printLetters(out io.Writer, res dlq.ListResult) {
+	if len(res.Letters) > 0 {
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "MESSAGE_ID\tREASON\tATTEMPTS\tFIRST_SEEN\tORIGINAL_EXCHANGE\tORIGINAL_ROUTING_KEY\tERROR")
+		for _, l := range res.Letters {
+			attempts := "-"
+			if l.Attempts > 0 {
+				attempts = fmt.Sprint(l.Attempts)
+			} else if l.DeathCount > 0 {
+				attempts = fmt.Sprintf("%d (x-death)", l.DeathCount)
+			}
+			exchange := l.OriginalExchange
+			if exchange == "" && l.OriginalRoutingKey != "" {
+				exchange = "(default)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				dash(oneLine(l.MessageID, 64)), l.Reason, attempts, dash(l.FirstSeen),
+				dash(exchange), dash(l.OriginalRoutingKey), dash(oneLine(l.Error, 80)))
+		}
+		_ = w.Flush()
+	}
+	fmt.Fprintf(out, "%s: %d dead letters", res.Queue, res.InQueue)
+	if len(res.Letters) < res.InQueue {
+		fmt.Fprintf(out, ", %d shown", len(res.Letters))
+	}
+	fmt.Fprintln(out)
+	reasons := make([]string, 0, len(res.ByReason))
+	for r := range res.ByReason {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(out, "  %s: %d\n", r, res.ByReason[r])
+	}
+}
+
+// oneLine keeps a table cell on one line and bounded.
+func oneLine(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func (a *app) dlqReplayCommand() *cobra.Command {
+	var (
+		queue, reason string
+		limit         int
+		timeout       time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "replay --queue Q [--reason R]",
+		Short: "Move dead letters of Q.dlq back to Q",
+		Long: `Move the dead letters of Q.dlq (those with reason --reason, or all) back to the
+work queue Q through the default exchange. Each copy keeps its body,
+properties, message_id and headers, with x-idemq-reason, x-idemq-error and
+x-idemq-attempts removed. idemq's signed headers are kept as they are, so the
+consumer still trusts them (tenant, original exchange and routing key, first
+seen); idemq's own dead letters carry x-idemq-attempt 1, a full retry budget.
+A dead letter is acked
+only after the broker confirmed its copy in Q; those that do not match the
+reason stay in Q.dlq.
+
+SIGINT or SIGTERM stops the replay after the message in hand: nothing is lost;
+at worst, if the process dies between a confirm and its ack, a message is both
+in Q and in Q.dlq (same message_id and key: the consumer recognises it).
+Shows a progress bar when stderr is a terminal; prints "replayed N, skipped M".
+Exits 1 when interrupted or when the broker refuses a copy.`,
+		Example: `  idemq dlq replay --queue payments --reason max_attempts_exceeded
+  idemq dlq replay --queue payments --reason delivery_limit --limit 100`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := nonEmpty(cmd.Flags(), "queue"); err != nil {
+				return err
+			}
+			if limit < 0 {
+				return usagef("--limit %d must not be negative", limit)
+			}
+			if timeout <= 0 {
+				return usagef("--confirm-timeout %s must be positive", timeout)
+			}
+			conn, err := a.dialAMQP("idemq-dlq-replay")
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			opts := dlq.ReplayOptions{
+				Queue: dlq.Name(queue), Target: queue, Reason: reason, Limit: limit, ConfirmTimeout: timeout,
+			}
+			var bar *progressbar.ProgressBar
+			if f, ok := a.stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				opts.Start = func(total int) {
+					if limit > 0 && reason == "" {
+						total = min(total, limit)
+					}
+					bar = progressbar.NewOptions(total,
+						progressbar.OptionSetWriter(a.stderr),
+						progressbar.OptionSetDescription("replaying "+opts.Queue),
+						progressbar.OptionShowCount(),
+						progressbar.OptionClearOnFinish(),
+						progressbar.OptionThrottle(100*time.Millisecond),
+					)
+				}
+				opts.Progress = func(read, replayed int) {
+					bar.Describe(fmt.Sprintf("replaying %s (%d replayed)", opts.Queue, replayed))
+					_ = bar.Set(read)
+				}
+			}
+			res, err := dlq.Replay(cmd.Context(), conn, opts)
+			if bar != nil {
+				_ = bar.Finish()
+			}
+			fmt.Fprintf(a.stdout, "replayed %d, skipped %d\n", res.Replayed, res.Skipped)
+			if err != nil {
+				return err
+			}
+			if res.Interrupted {
+				return fmt.Errorf("replay interrupted after %d messages; the rest is still in %s", res.Read, opts.Queue)
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&queue, "queue", "", "the work queue Q: reads Q.dlq, replays to Q (required)")
+	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason)")
+	f.IntVar(&limit, "limit", 0, "most dead letters replayed (0: all)")
+	f.DurationVar(&timeout, "confirm-timeout", dlq.DefaultConfirmTimeout, "how long to wait for the broker to confirm one copy")
+	requireFlags(cmd, "queue")
+	return cmd
+}

@@ -1,0 +1,163 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/bench"
+	"github.com/idemq/idemq/cmd/idemq/internal/demo"
+)
+
+func (a *app) demoCommand() *cobra.Command {
+	var (
+		o      demo.Options
+		noKill bool
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the payments scenario end to end",
+		Long: `Run the main job end to end on the Postgres and RabbitMQ of --postgres-url and
+--amqp-url: reset a demo schema and a demo queue (their names must contain
+"demo"), start worker processes (this binary again), publish thousands of card
+payments with duplicates (including bursts of 20 concurrent copies of one key),
+key reuse, poison messages, missing and invalid keys and injected infrastructure
+failures, kill one worker with SIGKILL mid-run and start a replacement, wait
+until everything settled, stop the workers with SIGTERM, and print a report:
+published, unique keys, effects applied (must equal the keys processed),
+duplicates suppressed, retries, dead letters by reason, and the trace of one
+suppressed duplicate ($IDEMQ_JAEGER_URL/trace/<id> when IDEMQ_JAEGER_URL is set;
+traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
+
+Exits 1 when the scenario cannot run or its invariant does not hold. The global
+--schema is not used: the demo has its own (--demo-schema), which it drops and
+recreates.`,
+		Example: `  idemq demo
+  idemq demo --payments 500 --workers 2
+  IDEMQ_JAEGER_URL=http://127.0.0.1:16686 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 idemq demo`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
+			if noKill {
+				o.KillAt = -1
+			}
+			// The scenario and its workers (this command again) trace when
+			// OTEL_EXPORTER_OTLP_ENDPOINT is set.
+			if err := a.startTelemetry(cmd.Context(), ""); err != nil {
+				return err
+			}
+			rep, err := demo.Run(cmd.Context(), o, a.stdout)
+			if err != nil {
+				return err
+			}
+			if !rep.OK() {
+				return errors.New("demo: the invariant does not hold (see the report)")
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Payments, "payments", demo.DefaultPayments, "unique payments (duplicates, bursts and bad messages come on top)")
+	f.IntVar(&o.Payments, "messages", demo.DefaultPayments, "same as --payments")
+	_ = f.MarkHidden("messages")
+	f.IntVar(&o.Workers, "workers", demo.DefaultWorkers, "worker processes")
+	f.IntVar(&o.Concurrency, "concurrency", demo.DefaultConcurrency, "handlers per worker")
+	f.Float64Var(&o.KillAt, "kill-at", demo.DefaultKillAt, "fraction of the messages settled when one worker is killed")
+	f.BoolVar(&noKill, "no-kill", false, "kill no worker")
+	f.Int64Var(&o.Seed, "seed", 0, "seed of the scenario, for a reproducible run (0: random, printed)")
+	f.DurationVar(&o.Timeout, "timeout", demo.DefaultTimeout, "how long to wait for every message to settle")
+	f.StringVar(&o.Schema, "demo-schema", demo.DefaultSchema, "Postgres schema of the demo, dropped and recreated (must contain \"demo\")")
+	f.StringVar(&o.Queue, "queue", demo.DefaultQueue, "work queue of the demo, deleted and redeclared (must contain \"demo\")")
+	f.StringVar(&o.LogDir, "log-dir", "", "directory for the workers' logs (default: a new temporary directory)")
+	return cmd
+}
+
+func (a *app) benchCommand() *cobra.Command {
+	var (
+		o    bench.Options
+		full bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run the benchmark of docs/benchmarks.md",
+		Long: `Measure idemq against a bare RabbitMQ consumer on the Postgres and RabbitMQ of
+--postgres-url and --amqp-url, each consumer in a process of its own (this
+binary again): throughput per scenario (per-message transactions, group commit,
+batch handlers, with and without duplicates), its ratio to the bare consumer,
+publish-to-ack latency (p50, p99), peak memory, and CPU per message of the
+consumer, of the Postgres and RabbitMQ servers, and of the three together.
+
+In the same run: the reference consumers of --benchref (the transactional
+floor without dedup, and minimal hand-written dedup consumers; built from
+their module and run as they are), the peers of --watermill-dir and
+--river-dir, and the publishing side: the outbox relay draining a backlog
+against a bare publisher with confirms (quorum and classic queues), and the
+forwarding stage of 'idemq forward' against a bare consume-and-publish pipe.
+Then print the tables (see docs/benchmarks.md). It uses its own schemas
+(idemq_bench, idemq_bench_ref, idemq_bench_river) and queues, which it resets.`,
+		Example: `  idemq bench
+  idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
+  idemq bench --messages 5000 --max-duration 10s --no-publish
+  idemq bench --sweep --plot docs/img/group-commit.svg`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
+			if full {
+				f := cmd.Flags()
+				if !f.Changed("messages") {
+					o.Messages = 50000
+				}
+				if !f.Changed("prefetch") {
+					o.Prefetch = 1024
+				}
+				if !f.Changed("max-duration") {
+					o.MaxDuration = time.Minute
+				}
+			}
+			_, err := bench.Run(cmd.Context(), o, a.stdout)
+			return err
+		}),
+	}
+	f := cmd.Flags()
+	f.BoolVar(&full, "full", false, "the full run of docs/benchmarks.md: --messages 50000 --prefetch 1024 --max-duration 1m (flags given explicitly win)")
+	f.IntVar(&o.Messages, "messages", 20000, "messages preloaded per throughput scenario")
+	f.IntVar(&o.BodySize, "body-size", 200, "message body size in bytes")
+	f.IntVar(&o.Concurrency, "concurrency", 8, "handlers of every consumer")
+	f.IntVar(&o.Prefetch, "prefetch", 256, "prefetch of every consumer, the bare one included")
+	f.DurationVar(&o.MaxDuration, "max-duration", 15*time.Second, "bound of one throughput scenario")
+	f.IntVar(&o.Paced, "paced", 300, "messages per scenario for the publish-to-ack latency")
+	f.IntVar(&o.PacedRate, "paced-rate", 200, "publish rate of the latency messages, per second")
+	f.BoolVar(&o.Sweep, "sweep", false, "also run group commit at several group sizes")
+	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of the results (and the sweep) to this path")
+	f.StringVar(&o.BenchrefDir, "benchref", "../shared/benchref", "module of the reference consumers (relative: to the working directory, else to the project root); when absent or empty, their rows say so")
+	f.StringVar(&o.WatermillDir, "watermill-dir", "bench/watermill", "module of the Watermill peer (relative: as --benchref); empty leaves its rows out")
+	f.StringVar(&o.RiverDir, "river-dir", "bench/river", "module of the River peer (relative: as --benchref); empty leaves its row out")
+	f.IntVar(&o.RiverWorkers, "river-workers", 100, "River's MaxWorkers")
+	f.BoolVar(&o.NoPublish, "no-publish", false, "leave out the publishing side (relay, forward)")
+	return cmd
+}
+
+func (a *app) versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Short:   "Print the version of idemq",
+		Example: `  idemq version`,
+		Args:    noArgs,
+		RunE: run(func(*cobra.Command, []string) error {
+			rev := ""
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+						rev = " " + s.Value[:12]
+					}
+				}
+			}
+			fmt.Fprintf(a.stdout, "idemq %s%s (%s %s/%s)\n", Version, rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		}),
+	}
+}
