@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testamqp"
 )
 
@@ -62,7 +63,7 @@ func TestKeysTellWhatHappened(t *testing.T) {
 		}
 
 		ctx := context.Background()
-		rec, err := h.store.Inspect(ctx, "payments", "", "reject-1")
+		rec, err := h.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "reject-1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +71,7 @@ func TestKeysTellWhatHappened(t *testing.T) {
 			t.Fatalf("stored rejection %+v, want code 402 with its reason", rec.Result)
 		}
 		for key, reason := range map[string]string{"permanent-1": consumer.ReasonPermanentError, "infra-1": consumer.ReasonMaxAttemptsExceeded} {
-			rec, err := h.store.Inspect(ctx, "payments", "", key)
+			rec, err := h.store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: key})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,13 +19,13 @@ func TestReleasedKeyShowsItsReason(t *testing.T) {
 	ctx := context.Background()
 
 	l := mustReserve(t, store, claim("rel-1", "b"), dedup.Acquired).Lease
-	if rec, err := store.Inspect(ctx, "payments", "", "rel-1"); err != nil || rec.Released || rec.ReleaseReason != "" {
+	if rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-1"}); err != nil || rec.Released || rec.ReleaseReason != "" {
 		t.Fatalf("held key: %+v, %v; want not released", rec, err)
 	}
 	if err := store.Release(ctx, l, "permanent_error"); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := store.Inspect(ctx, "payments", "", "rel-1")
+	rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestReleasedKeyShowsItsReason(t *testing.T) {
 	if !next.TakenOver || next.Attempts != 2 {
 		t.Fatalf("after release: taken over %v, attempts %d; want true, 2", next.TakenOver, next.Attempts)
 	}
-	rec, err = store.Inspect(ctx, "payments", "", "rel-1")
+	rec, err = store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestReleasedKeyShowsItsReason(t *testing.T) {
 	if err := store.Release(ctx, next, "max_attempts_exceeded"); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err = store.Inspect(ctx, "payments", "", "rel-1"); err != nil || rec.ReleaseReason != "max_attempts_exceeded" {
+	if rec, err = store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-1"}); err != nil || rec.ReleaseReason != "max_attempts_exceeded" {
 		t.Fatalf("second release: %+v, %v; want reason max_attempts_exceeded", rec, err)
 	}
 	// A completion after a takeover clears the release.
@@ -59,7 +59,7 @@ func TestReleasedKeyShowsItsReason(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err = store.Inspect(ctx, "payments", "", "rel-1"); err != nil || rec.Released || rec.ReleaseReason != "" || rec.State != dedup.StateCompleted {
+	if rec, err = store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-1"}); err != nil || rec.Released || rec.ReleaseReason != "" || rec.State != dedup.StateCompleted {
 		t.Fatalf("completed key: %+v, %v; want completed, not released", rec, err)
 	}
 
@@ -68,10 +68,10 @@ func TestReleasedKeyShowsItsReason(t *testing.T) {
 	c.Lease = 50 * time.Millisecond
 	mustReserve(t, store, c, dedup.Acquired)
 	waitFor(t, 5*time.Second, "lease to expire", func() bool {
-		rec, err := store.Inspect(ctx, "payments", "", "rel-2")
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-2"})
 		return err == nil && !rec.LeaseValid
 	})
-	if rec, err = store.Inspect(ctx, "payments", "", "rel-2"); err != nil || rec.Released {
+	if rec, err = store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "rel-2"}); err != nil || rec.Released {
 		t.Fatalf("expired lease: %+v, %v; want not released", rec, err)
 	}
 }
@@ -87,7 +87,7 @@ func TestReleaseBatchRecordsReasons(t *testing.T) {
 		t.Fatal(err)
 	}
 	for key, want := range map[string]string{"relb-a": "retried", "relb-b": "permanent_error"} {
-		rec, err := store.Inspect(ctx, "payments", "", key)
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: key})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestRejectionReasonIsStored(t *testing.T) {
 	want := dedup.Result{Outcome: dedup.OutcomeRejected, Code: 402, Reason: "insufficient funds", Response: []byte(`{"balance":3}`)}
 	check := func(key string) {
 		t.Helper()
-		rec, err := store.Inspect(ctx, "payments", "", key)
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: key})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -78,7 +78,7 @@ func TestKeysInspectTellsWhatHappened(t *testing.T) {
 	fields := documentedFields(t, "idemq keys inspect")[0]
 	reserve := func(key string) *dedup.Lease {
 		fp, _ := dedup.BodyFingerprint([]byte("body"))
-		res, err := store.Reserve(ctx, dedup.Claim{Consumer: "charge", Tenant: "acme", Key: key, Fingerprint: fp})
+		res, err := store.Reserve(ctx, dedup.Claim{Scope: dedup.Scope{Consumer: "charge", Tenant: "acme", Key: key}, Fingerprint: fp})
 		if err != nil || res.Lease == nil {
 			t.Fatalf("reserve %s: %+v, %v", key, res, err)
 		}
