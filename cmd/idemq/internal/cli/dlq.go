@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
+	"github.com/idemq/idemq/consumer"
 )
 
 func (a *app) dlqCommand() *cobra.Command {
@@ -58,7 +60,7 @@ held, other consumers of Q.dlq do not see them.`,
 			defer conn.Close()
 			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit)
 			if err != nil {
-				return err
+				return hintWorkQueue(err, queue)
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
@@ -75,6 +77,15 @@ held, other consumers of Q.dlq do not see them.`,
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	requireFlags(cmd, "queue")
 	return cmd
+}
+
+// hintWorkQueue adds a hint to a missing queue's error when --queue looks
+// like the name of a DLQ: --queue takes the work queue Q, whose DLQ is Q.dlq.
+func hintWorkQueue(err error, queue string) error {
+	if work, ok := strings.CutSuffix(queue, ".dlq"); ok && work != "" && errors.Is(err, dlq.ErrNoQueue) {
+		return fmt.Errorf("%w (--queue takes the work queue, whose dead letters are in Q.dlq: --queue %s reads %s)", err, work, queue)
+	}
+	return err
 }
 
 func printLetters(out io.Writer, res dlq.ListResult) {
@@ -164,6 +175,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if timeout <= 0 {
 				return usagef("--confirm-timeout %s must be positive", timeout)
 			}
+			if reason != "" && !slices.Contains(consumer.Reasons(), reason) {
+				return usagef("--reason %q is not a dead-letter reason; want one of %s", reason, strings.Join(consumer.Reasons(), ", "))
+			}
 			conn, err := a.dialAMQP("idemq-dlq-replay")
 			if err != nil {
 				return err
@@ -195,6 +209,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if bar != nil {
 				_ = bar.Finish()
 			}
+			if errors.Is(err, dlq.ErrNoQueue) {
+				return hintWorkQueue(err, queue)
+			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d\n", res.Replayed, res.Skipped)
 			if err != nil {
 				return err
@@ -207,7 +224,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&queue, "queue", "", "the work queue Q: reads Q.dlq, replays to Q (required)")
-	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason)")
+	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason): "+strings.Join(consumer.Reasons(), ", "))
 	f.IntVar(&limit, "limit", 0, "most dead letters replayed (0: all)")
 	f.DurationVar(&timeout, "confirm-timeout", dlq.DefaultConfirmTimeout, "how long to wait for the broker to confirm one copy")
 	requireFlags(cmd, "queue")
