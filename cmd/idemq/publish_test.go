@@ -60,6 +60,12 @@ func TestPublish(t *testing.T) {
 	if len(got) != 1 || got[0].MessageId != "" || string(got[0].Body) != `{"from":"file"}` {
 		t.Fatalf("from file: %d messages %+v", len(got), got)
 	}
+
+	// No --body: the body is stdin (here empty).
+	mustRun(t, environ, "publish", "--queue", q, "--key", "k-stdin")
+	if got = drain(t, conn, q); len(got) != 1 || got[0].MessageId != "k-stdin" || len(got[0].Body) != 0 {
+		t.Fatalf("from stdin: %d messages %+v", len(got), got)
+	}
 }
 
 // TestPublishFailsUnlessConfirmed: a copy that no queue takes (returned),

@@ -66,8 +66,8 @@ func (a *app) checkAMQPURL() error {
 	return nil
 }
 
-// checkURLs parses both connection URLs, for the commands that hand them
-// to code of their own (demo, bench) before connecting.
+// checkURLs parses both connection URLs, for the commands that use both
+// (forward, relay, demo, bench), before they connect to either.
 func (a *app) checkURLs() error {
 	if _, err := a.postgresConfig(); err != nil {
 		return err

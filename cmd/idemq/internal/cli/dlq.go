@@ -209,12 +209,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if bar != nil {
 				_ = bar.Finish()
 			}
-			if errors.Is(err, dlq.ErrNoQueue) {
-				return hintWorkQueue(err, queue)
-			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d\n", res.Replayed, res.Skipped)
 			if err != nil {
-				return err
+				return hintWorkQueue(err, queue)
 			}
 			if res.Interrupted {
 				return fmt.Errorf("replay interrupted after %d messages; the rest is still in %s", res.Read, opts.Queue)

@@ -28,6 +28,7 @@ type publishFlags struct {
 	key, body, contentType      string
 	tenant, tenantHeader        string
 	headers                     []string
+	bodyGiven                   bool
 	copies, concurrency         int
 	confirmTimeout              time.Duration
 }
@@ -59,6 +60,7 @@ printed.`,
   idemq publish --exchange payments.in --routing-key eu --key order-7 --tenant acme --header source=manual < payment.json`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			p.bodyGiven = cmd.Flags().Changed("body")
 			msg, err := p.message()
 			if err != nil {
 				return err
@@ -154,8 +156,9 @@ func (p *publishFlags) message() (amqp.Publishing, error) {
 	return msg, nil
 }
 
-// readBody reads the body: the text of --body, the file of --body @FILE,
-// or stdin for --body - or no --body (refused when stdin is a terminal).
+// readBody reads the body: the text of --body (--body "" is an empty
+// body), the file of --body @FILE, or stdin for --body - or no --body
+// (refused when stdin is a terminal).
 func (p *publishFlags) readBody() ([]byte, error) {
 	switch {
 	case strings.HasPrefix(p.body, "@"):
@@ -164,10 +167,10 @@ func (p *publishFlags) readBody() ([]byte, error) {
 			return nil, usagef("--body %s: %w", p.body, err)
 		}
 		return b, nil
-	case p.body != "" && p.body != "-":
+	case p.bodyGiven && p.body != "-":
 		return []byte(p.body), nil
 	}
-	if p.body == "" && term.IsTerminal(int(os.Stdin.Fd())) {
+	if !p.bodyGiven && term.IsTerminal(int(os.Stdin.Fd())) {
 		return nil, usagef("give the body with --body TEXT or --body @FILE, or on stdin")
 	}
 	b, err := io.ReadAll(os.Stdin)
