@@ -212,11 +212,19 @@ func printEntities(a *app, found []topologyEntity) {
 	for _, e := range found {
 		fmt.Fprintf(w, "%s\t%s\t%s", e.kind, e.name, e.role)
 		if e.kind == "queue" {
-			fmt.Fprintf(w, ", %d messages", e.messages)
+			fmt.Fprintf(w, ", %s", messages(e.messages))
 		}
 		fmt.Fprintln(w)
 	}
 	_ = w.Flush()
+}
+
+// messages is "1 message" or "n messages".
+func messages(n int) string {
+	if n == 1 {
+		return "1 message"
+	}
+	return fmt.Sprintf("%d messages", n)
 }
 
 // deleteTopology deletes found, queues with their messages.
@@ -233,7 +241,7 @@ func deleteTopology(a *app, conn *amqp.Connection, found []topologyEntity) error
 			if err != nil {
 				return fmt.Errorf("delete queue %s: %w", e.name, err)
 			}
-			fmt.Fprintf(a.stdout, "deleted queue %s (%s, %d messages)\n", e.name, e.role, n)
+			fmt.Fprintf(a.stdout, "deleted queue %s (%s, %s)\n", e.name, e.role, messages(n))
 		case "exchange":
 			if err := ch.ExchangeDelete(e.name, false, false); err != nil {
 				return fmt.Errorf("delete exchange %s: %w", e.name, err)
