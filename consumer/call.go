@@ -31,6 +31,9 @@ func (c *Consumer) call(it *item, tx pgx.Tx) (dedup.Result, error) {
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
+	if c.direct != nil {
+		it.del.tx = tx // what a crash in a step abandons too
+	}
 	resp, err := c.safeCall(c.withClaim(ctx, it.del), handlerTx{tx}, it.del)
 	if rej := (*RejectError)(nil); errors.As(err, &rej) {
 		span.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))

@@ -67,6 +67,9 @@ type Consumer struct {
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
 	keys wire.Keys
+	// direct is set on a consumer the test kit runs (direct.go): its crash
+	// hook. Nil in a running consumer.
+	direct *directRun
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/outbox"
 )
@@ -72,6 +73,11 @@ type Delivery struct {
 	// claimInTx: the key is reserved in the batch's transaction (Step is
 	// not available).
 	claimInTx bool
+	// crash is the test kit's crash hook (Consumer.crashAt), and tx the
+	// handler's transaction, which a crash in a step abandons too; nil in a
+	// running consumer.
+	crash func(ctx context.Context, stage kit.Stage, step string, txs ...pgx.Tx)
+	tx    pgx.Tx
 }
 
 // RecoveryPoint is the last step committed by an earlier attempt ("" if none).
@@ -95,7 +101,20 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 	if d.claimInTx {
 		return ErrStepInBatch
 	}
-	return d.store.Step(outbox.WithStep(ctx, name), d.lease, name, fn)
+	if d.crash == nil || d.StepDone(name) {
+		return d.store.Step(outbox.WithStep(ctx, name), d.lease, name, fn)
+	}
+	err := d.store.Step(outbox.WithStep(ctx, name), d.lease, name, func(ctx context.Context, tx pgx.Tx) error {
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		d.crash(ctx, kit.StageInStep, name, tx, d.tx)
+		return nil
+	})
+	if err == nil {
+		d.crash(ctx, kit.StageAfterStep, name, d.tx)
+	}
+	return err
 }
 
 // ErrStepInBatch is what Delivery.Step returns to a BatchHandler with

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -156,6 +157,9 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 	}
 	if !c.claimInTx || !c.runInTx(ctx, s, claimable) {
 		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
+			for _, it := range acquired {
+				c.crashAt(it.ctx, kit.StageAfterReserve, "")
+			}
 			c.execute(ctx, s, acquired)
 		}
 	}

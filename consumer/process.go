@@ -176,6 +176,9 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
 		lease: lease, store: c.store, claimInTx: c.claimInTx,
 	}
+	if c.direct != nil {
+		it.del.crash = c.crashAt
+	}
 }
 
 // markDuplicate links the duplicate's span to the processing it duplicated.

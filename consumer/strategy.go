@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -98,6 +99,7 @@ func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResu
 	err = c.store.Complete(sctx, tx, it.lease, result)
 	cancel()
 	if err == nil {
+		c.crashAt(it.ctx, kit.StageBeforeCommit, "", tx)
 		if err = c.commit(cctx, tx); err != nil {
 			// The commit's fate is unknown: the key is released (a no-op
 			// if it did commit) and retried; the retry is then a duplicate.
