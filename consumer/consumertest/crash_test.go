@@ -1,0 +1,327 @@
+package consumertest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/deduptest"
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+// The kit's own tests: for each crash point a handler built with the bug
+// that point exists to catch, and the report's failing rows, exactly.
+
+var crashOrders = []string{"order-1", "order-2"}
+
+func crashMessages() []amqp.Publishing {
+	var msgs []amqp.Publishing
+	for _, o := range crashOrders {
+		msgs = append(msgs, amqp.Publishing{MessageId: o, Body: []byte(`{"amount":4200}`)})
+	}
+	return msgs
+}
+
+// crashWorld is one Subject's shop plus what a handler's bug may need: the
+// store (to read the key's row) and a log of notifications.
+type crashWorld struct {
+	*shop
+	store *dedup.Store
+
+	mu       sync.Mutex
+	notified map[string]int
+}
+
+func (w *crashWorld) notify(order string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.notified[order]++
+}
+
+// checkNotified: the shop's check, and one notification per order.
+func (w *crashWorld) checkNotified(orders ...string) func(ctx context.Context) error {
+	check := w.check(orders...)
+	return func(ctx context.Context) error {
+		if err := check(ctx); err != nil {
+			return err
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, o := range orders {
+			if n := w.notified[o]; n != 1 {
+				return fmt.Errorf("%s notified %d times", o, n)
+			}
+		}
+		return nil
+	}
+}
+
+// crashSetup returns a setup whose Subject runs the handler build makes
+// for a fresh world; subject may change the Subject (its Config, Check).
+func crashSetup(t *testing.T, build func(w *crashWorld) consumer.Handler, subject func(w *crashWorld, s *consumertest.Subject)) func(testing.TB) consumertest.Subject {
+	pool := testdb.Pool(t, 16)
+	return func(tb testing.TB) consumertest.Subject {
+		store := deduptest.Store(tb, pool, nil)
+		ledger := pgx.Identifier{store.Config().Schema, "ledger"}.Sanitize()
+		if _, err := pool.Exec(context.Background(), "CREATE TABLE "+ledger+" (order_id text, charge_id text)"); err != nil {
+			tb.Fatal(err)
+		}
+		w := &crashWorld{shop: &shop{pool: pool, ledger: ledger, processor: newCardProcessor()}, store: store, notified: map[string]int{}}
+		s := consumertest.Subject{Store: store, Handler: build(w), Check: w.check(crashOrders...)}
+		if subject != nil {
+			subject(w, &s)
+		}
+		return s
+	}
+}
+
+// wantFailed fails t unless the report's failing rows are exactly want,
+// every row in want reached and every failure the error wantErr says.
+func wantFailed(t *testing.T, rep *consumertest.CrashReport, wantErr string, want ...string) {
+	t.Helper()
+	t.Logf("report:\n%s", rep)
+	var failed []string
+	for _, row := range rep.Rows {
+		if row.Err != nil {
+			failed = append(failed, row.Point)
+			if wantErr != "" && row.Err.Error() != wantErr {
+				t.Errorf("%s: %v, want %q", row.Point, row.Err, wantErr)
+			}
+		}
+	}
+	if !slices.Equal(failed, want) {
+		t.Errorf("failed at %q, want %q", failed, want)
+	}
+	for _, p := range want {
+		if row := rep.Row(p); row == nil || !row.Reached {
+			t.Errorf("%s: not reached", p)
+		}
+	}
+}
+
+// rowNames lists the report's points.
+func rowNames(rep *consumertest.CrashReport) []string {
+	var names []string
+	for _, row := range rep.Rows {
+		names = append(names, row.Point)
+	}
+	return names
+}
+
+// TestCrashPointsPassTheRightHandler: the card charge done right passes at
+// every point, and the report has every point, the step's included.
+func TestCrashPointsPassTheRightHandler(t *testing.T) {
+	t.Parallel()
+	rep := consumertest.CrashPoints(t, crashSetup(t, func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }, nil), crashMessages()...)
+	wantFailed(t, rep, "")
+	want := []string{
+		consumertest.PointNone, consumertest.PointAfterReserve,
+		consumertest.PointInStep("charge"), consumertest.PointAfterStep("charge"),
+		consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
+		consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
+	}
+	if got := rowNames(rep); !slices.Equal(got, want) {
+		t.Fatalf("points %q, want %q", got, want)
+	}
+	for _, row := range rep.Rows {
+		if !row.Reached {
+			t.Errorf("%s: not reached", row.Point)
+		}
+	}
+	if rep.Err() != nil {
+		t.Fatal(rep.Err())
+	}
+}
+
+// TestCrashAfterReserve catches a handler that takes a takeover for the
+// resumption of an attempt that charged: it looks the charge up instead of
+// making it, and the attempt that crashed after the reservation made none.
+func TestCrashAfterReserve(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			rec, err := w.store.Inspect(ctx, dedup.Scope{Consumer: consumertest.DefaultName, Tenant: d.Tenant, Key: d.Key})
+			if err != nil {
+				return consumer.Response{}, err
+			}
+			err = d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
+				var charge string
+				if rec.Attempts > 1 {
+					charge = w.processor.Lookup(d.DerivedKey("charge")) // the bug
+				} else {
+					charge = w.processor.Charge(d.DerivedKey("charge"), d.Key, 4200)
+				}
+				return w.book(ctx, tx, d.Key, charge)
+			})
+			return consumer.Response{}, err
+		}
+	}
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, nil), crashMessages()...)
+	wantFailed(t, rep, "order-1 never charged", consumertest.PointAfterReserve)
+}
+
+// TestCrashInStep catches a step that calls the processor with a fresh
+// request id instead of DerivedKey: the crash after the charge, before the
+// step's commit, runs the step again and charges again.
+func TestCrashInStep(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
+				charge := w.processor.Charge(rand.Text(), d.Key, 4200) // the bug
+				return w.book(ctx, tx, d.Key, charge)
+			})
+			return consumer.Response{}, err
+		}
+	}
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, nil), crashMessages()...)
+	wantFailed(t, rep, "order-1 charged twice", consumertest.PointInStep("charge"))
+}
+
+// TestCrashAfterStep catches a notification sent outside the step, only
+// when this attempt ran the step: the crash right after the step committed
+// loses it, and the retry, which skips the step, never sends it.
+func TestCrashAfterStep(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			ranBefore := d.StepDone("charge")
+			err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
+				return w.book(ctx, tx, d.Key, w.processor.Charge(d.DerivedKey("charge"), d.Key, 4200))
+			})
+			if err != nil {
+				return consumer.Response{}, err
+			}
+			if !ranBefore {
+				w.notify(d.Key) // the bug: not in the step (its outbox), and only once it ran
+			}
+			return consumer.Response{}, nil
+		}
+	}
+	subject := func(w *crashWorld, s *consumertest.Subject) { s.Check = w.checkNotified(crashOrders...) }
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, subject), crashMessages()...)
+	wantFailed(t, rep, "order-1 notified 0 times", consumertest.PointAfterStep("charge"))
+}
+
+// TestCrashBeforeCommit catches the charge made in the handler without a
+// step or a derived key: a crash after it, before COMMIT, charges again on
+// the redelivery; so does the takeover of a slow handler's key.
+func TestCrashBeforeCommit(t *testing.T) {
+	t.Parallel()
+	rep := consumertest.CrashPoints(t, crashSetup(t, func(w *crashWorld) consumer.Handler { return chargeWrong(w.shop) }, nil), crashMessages()...)
+	wantFailed(t, rep, "order-1 charged twice", consumertest.PointBeforeCommit, consumertest.ScenarioLeaseExpired)
+}
+
+// TestCrashAfterCommit catches a receipt sent from OnOutcome, after the
+// commit, instead of through the outbox in the handler's transaction: the
+// crash after COMMIT loses it, and the redelivery is a duplicate.
+func TestCrashAfterCommit(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }
+	subject := func(w *crashWorld, s *consumertest.Subject) {
+		var mu sync.Mutex
+		receipts := 0
+		s.Config = &consumer.Config{OnOutcome: func(e consumer.Event) {
+			if e.Outcome == consumer.OutcomeProcessed {
+				mu.Lock()
+				receipts++ // the bug
+				mu.Unlock()
+			}
+		}}
+		check := s.Check
+		s.Check = func(ctx context.Context) error {
+			if err := check(ctx); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if receipts != len(crashOrders) {
+				return fmt.Errorf("%d receipts for %d orders", receipts, len(crashOrders))
+			}
+			return nil
+		}
+	}
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, subject), crashMessages()...)
+	wantFailed(t, rep, "0 receipts for 2 orders", consumertest.PointAfterCommit)
+}
+
+// TestCrashDuplicates catches a consumer whose key function does not
+// identify the operation (a new key per delivery): a second copy, during
+// or after the first, is handled as a new operation, and so is every
+// redelivery after a crash.
+func TestCrashDuplicates(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			// chargeRight, for the order the message names.
+			err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
+				return w.book(ctx, tx, d.MessageID, w.processor.Charge(d.DerivedKey("charge"), d.MessageID, 4200))
+			})
+			return consumer.Response{}, err
+		}
+	}
+	subject := func(w *crashWorld, s *consumertest.Subject) {
+		var mu sync.Mutex
+		n := 0
+		s.Config = &consumer.Config{KeyFunc: func(d *amqp.Delivery) string {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			return d.MessageId + "/" + strconv.Itoa(n) // the bug
+		}}
+	}
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, subject), crashMessages()...)
+	wantFailed(t, rep, "order-1 charged twice",
+		consumertest.PointInStep("charge"), consumertest.PointAfterStep("charge"),
+		consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
+		consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired)
+}
+
+// TestCrashReportTable: a failing report's table (a row per point, the
+// traces when there are some) and its error.
+func TestCrashReportTable(t *testing.T) {
+	t.Parallel()
+	rep := &consumertest.CrashReport{Rows: []consumertest.CrashRow{
+		{Point: consumertest.PointNone, Reached: true},
+		{Point: consumertest.PointAfterReserve, Reached: true, Err: errors.New("order-1 charged twice"), TraceIDs: []string{"4bf92f3577b34da6a3ce929d0e0e4736"}},
+		{Point: consumertest.PointAfterCommit},
+	}}
+	lines := strings.Split(rep.String(), "\n")
+	want := [][]string{
+		{"point", "result", "trace"},
+		{"no crash", "passed", "-"},
+		{"after the reservation", "FAILED: order-1 charged twice", "4bf92f3577b34da6a3ce929d0e0e4736"},
+		{"after COMMIT, before the ack", "not reached", "-"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("table:\n%s", rep)
+	}
+	for i, cells := range want {
+		if got := strings.Split(regexp.MustCompile(`\s{2,}`).ReplaceAllString(lines[i], "|"), "|"); !slices.Equal(got, cells) {
+			t.Errorf("row %d: %q, want %q", i, got, cells)
+		}
+	}
+	if !rep.Failed() || rep.Err() == nil || !strings.Contains(rep.Err().Error(), "after the reservation") {
+		t.Fatalf("Failed %v, Err %v", rep.Failed(), rep.Err())
+	}
+	if rep.Row(consumertest.PointAfterCommit).Reached || rep.Row("nowhere") != nil {
+		t.Fatal("Row")
+	}
+	passed := &consumertest.CrashReport{Rows: rep.Rows[:1]}
+	if passed.Failed() || passed.Err() != nil || strings.Contains(passed.String(), "trace") {
+		t.Fatalf("a passing report: %v\n%s", passed.Err(), passed)
+	}
+}
