@@ -27,6 +27,24 @@
 // committed. Running res.Copy.Publishing delivers the retry copy, with the
 // next attempt number.
 //
+// # Crash points
+//
+// CrashPoints runs deliveries through a handler once per crash point, on a
+// fresh Subject each time (store, handler, check), and crashes the first
+// attempt of each delivery there as a process that dies does: its open
+// transactions abandoned, nothing acked, the lease left to expire. Then the
+// delivery comes again, as the broker redelivers it, runs to its end, and
+// the Subject's Check says whether the end state is right. The points:
+// after the reservation, inside and after each Step, after the handler
+// before COMMIT, after COMMIT before the ack; and the scenarios of a
+// duplicate copy during and after the first and of a lease that expires
+// under a slow handler. The CrashReport has one row per point.
+//
+//	rep := consumertest.CrashPoints(t, setup, msgs...)
+//	if err := rep.Err(); err != nil {
+//		t.Fatal(err)
+//	}
+//
 // # Waiting in integration tests
 //
 // WaitFor polls a condition until it holds or a deadline passes, for tests
