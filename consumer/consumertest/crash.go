@@ -90,7 +90,8 @@ type Subject struct {
 // (processed, rejected, dead-lettered, a duplicate). Then Check runs.
 //
 // The points, in a delivery's order: PointAfterReserve; for every step
-// the deliveries ran in the baseline, PointInStep and PointAfterStep;
+// the deliveries' first attempts ran in the baseline, PointInStep and
+// PointAfterStep;
 // PointBeforeCommit; PointAfterCommit. Then the scenarios:
 // ScenarioDuplicateDuring, ScenarioDuplicateAfter, ScenarioLeaseExpired.
 // The first row is the baseline, PointNone. Points inside the outbox relay
@@ -430,10 +431,13 @@ func duplicateDuring(k *crashRun, msg amqp.Publishing) error {
 
 // duplicateAfter delivers msg to its end, then a second copy.
 func duplicateAfter(k *crashRun, msg amqp.Publishing) error {
-	for range 2 {
+	for i := range 2 {
 		a, err := k.runner.attempt(k.tb, msg, attemptOpts{})
 		if err != nil {
 			return err
+		}
+		if i == 0 && a.TraceID != "" {
+			k.row.TraceIDs = append(k.row.TraceIDs, a.TraceID)
 		}
 		if err := k.toEnd(msg, a); err != nil {
 			return err

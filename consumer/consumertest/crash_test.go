@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
@@ -323,5 +325,30 @@ func TestCrashReportTable(t *testing.T) {
 	passed := &consumertest.CrashReport{Rows: rep.Rows[:1]}
 	if passed.Failed() || passed.Err() != nil || strings.Contains(passed.String(), "trace") {
 		t.Fatalf("a passing report: %v\n%s", passed.Err(), passed)
+	}
+}
+
+// TestCrashReportTraces: with a TracerProvider that records, each row has
+// the traces of the attempts that crashed (in a scenario, of the first
+// copies), and the table shows them.
+func TestCrashReportTraces(t *testing.T) {
+	t.Parallel()
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { tp.Shutdown(context.Background()) }) //nolint:errcheck
+	subject := func(w *crashWorld, s *consumertest.Subject) { s.Config = &consumer.Config{TracerProvider: tp} }
+	rep := consumertest.CrashPoints(t, crashSetup(t, func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }, subject), crashMessages()...)
+	wantFailed(t, rep, "")
+	for _, row := range rep.Rows[1:] {
+		if len(row.TraceIDs) != len(crashOrders) {
+			t.Errorf("%s: traces %q, want one per message", row.Point, row.TraceIDs)
+		}
+		for _, id := range row.TraceIDs {
+			if tid, err := trace.TraceIDFromHex(id); err != nil || !tid.IsValid() {
+				t.Errorf("%s: trace id %q", row.Point, id)
+			}
+		}
+	}
+	if head, _, _ := strings.Cut(rep.String(), "\n"); !strings.HasSuffix(head, "trace") {
+		t.Fatalf("table without traces:\n%s", rep)
 	}
 }
