@@ -123,7 +123,11 @@ func Example() {
 
 // fetch returns the lines of the body at url, in the order the server wrote them.
 func fetch(url string) []string {
-	resp, err := http.Get(url)
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,11 +7,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/goleak"
 
@@ -239,6 +241,23 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 	}
 }
 
+// Without NoGlobal, Setup installs the W3C propagator and its providers
+// as the otel globals, which configs left nil use.
+func TestSetupInstallsTheGlobals(t *testing.T) {
+	cleanEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console"})
+	tel, err := idemqotel.Setup(context.Background(), idemqotel.Options{NoPrometheus: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	if f := otel.GetTextMapPropagator().Fields(); !slices.Contains(f, "traceparent") || !slices.Contains(f, "baggage") {
+		t.Errorf("global propagator fields %v, want W3C trace context and baggage", f)
+	}
+	if otel.GetTracerProvider() != tel.TracerProvider() {
+		t.Error("the global tracer provider is not Setup's")
+	}
+}
+
 func TestAddrInUse(t *testing.T) {
 	cleanEnv(t, nil)
 	tel := setup(t, idemqotel.Options{Addr: "127.0.0.1:0"})
@@ -249,7 +268,11 @@ func TestAddrInUse(t *testing.T) {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
