@@ -122,14 +122,11 @@ func setup(ctx context.Context, opts Options) (*Telemetry, error) {
 		log: cmp.Or(opts.Logger, slog.Default()),
 	}
 	disabled := strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
-	var (
-		spans        sdktrace.SpanExporter
-		push         sdkmetric.Reader
-		promFromEnv  bool
-		err          error
-		metricsAddr  = opts.Addr
-		promExported = false
-	)
+	var spans sdktrace.SpanExporter
+	var push sdkmetric.Reader
+	var promFromEnv, promExported bool
+	var err error
+	metricsAddr := opts.Addr
 	if !disabled {
 		if spans, err = spanExporter(ctx, opts); err != nil {
 			return nil, err
