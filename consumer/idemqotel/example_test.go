@@ -65,7 +65,7 @@ func Example() {
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) { outcomes <- e },
 	}
-	if err := consumer.Apply(cfg); err != nil {
+	if err := consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err != nil {
 		log.Fatal(err)
 	}
 	c, err := consumer.New(store, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
