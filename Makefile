@@ -8,7 +8,7 @@ MAKEFLAGS += --no-print-directory
 GO ?= go
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestReserve -v'
 TESTFLAGS ?=
-# Extra arguments for the demo and bench subcommands, e.g. make demo ARGS='--messages 500'
+# Extra arguments for the demo and bench subcommands, e.g. make demo ARGS='--payments 500'
 ARGS ?=
 
 # Services the tests use; override to point them elsewhere.
