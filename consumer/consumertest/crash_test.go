@@ -352,3 +352,53 @@ func TestCrashReportTraces(t *testing.T) {
 		t.Fatalf("table without traces:\n%s", rep)
 	}
 }
+
+// compensating is a Subject whose OnOutcome compensates (refunds the
+// order) on outcome, which is the bug: the delivery is not lost, another
+// attempt or copy completes it; and whose check wants no refund.
+func compensating(outcome consumer.Outcome) func(w *crashWorld, s *consumertest.Subject) {
+	return func(w *crashWorld, s *consumertest.Subject) {
+		var mu sync.Mutex
+		refunds := 0
+		s.Config = &consumer.Config{OnOutcome: func(e consumer.Event) {
+			if e.Outcome == outcome {
+				mu.Lock()
+				refunds++ // the bug
+				mu.Unlock()
+			}
+		}}
+		check := s.Check
+		s.Check = func(ctx context.Context) error {
+			if err := check(ctx); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if refunds > 0 {
+				return fmt.Errorf("%d charged orders refunded", refunds)
+			}
+			return nil
+		}
+	}
+}
+
+// TestCrashDuplicateDuring catches a consumer that gives up on a message
+// whose key another copy holds (it refunds on in_progress): the second
+// copy during the first is not a failure, it comes back later and is a
+// duplicate.
+func TestCrashDuplicateDuring(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, compensating(consumer.OutcomeInProgress)), crashMessages()...)
+	wantFailed(t, rep, "2 charged orders refunded", consumertest.ScenarioDuplicateDuring)
+}
+
+// TestCrashLeaseExpired catches a consumer that compensates an attempt
+// that lost its lease (it refunds on lease_lost): the attempt that took the
+// key over completed the charge.
+func TestCrashLeaseExpired(t *testing.T) {
+	t.Parallel()
+	build := func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }
+	rep := consumertest.CrashPoints(t, crashSetup(t, build, compensating(consumer.OutcomeLeaseLost)), crashMessages()...)
+	wantFailed(t, rep, "2 charged orders refunded", consumertest.ScenarioLeaseExpired)
+}

@@ -120,8 +120,9 @@ func chargeRight(s *shop) consumer.Handler {
 	}
 }
 
-// chargeWrong calls the processor with a fresh request id each time, in
-// the handler's transaction: a retry after the charge charges again.
+// chargeWrong calls the processor from the handler, with a fresh request
+// id each time, and books the charge in the handler's transaction: a
+// redelivery after the charge charges again.
 func chargeWrong(s *shop) consumer.Handler {
 	var mu sync.Mutex
 	requests := 0
