@@ -246,14 +246,11 @@ func runPoint(tb testing.TB, setup func(testing.TB) Subject, deliveries []amqp.P
 	row := CrashRow{Point: p.name, Reached: p.stage == 0}
 	k := &crashRun{tb: tb, subject: subject, runner: NewRunner(subject.Store, subject.Handler, &cfg), lease: cfg.Lease, row: &row}
 	for _, msg := range deliveries {
-		var err error
-		switch {
-		case p.scenario != nil:
-			err = p.scenario(k, msg)
-		default:
-			err = k.crashOnce(msg, p)
+		run := k.crashOnce
+		if p.scenario != nil {
+			run = func(msg amqp.Publishing, _ crashPoint) error { return p.scenario(k, msg) }
 		}
-		if err != nil {
+		if err := run(msg, p); err != nil {
 			tb.Fatalf("consumertest: CrashPoints %s, message %q: %v", p.name, msg.MessageId, err)
 		}
 	}
