@@ -18,7 +18,9 @@
 //
 // With Options.MetricsAddr set (or prometheus in OTEL_METRICS_EXPORTER, on
 // OTEL_EXPORTER_PROMETHEUS_HOST:PORT, default localhost:9464), an HTTP
-// server serves the Prometheus exposition on /metrics and "ok" on /healthz.
+// server serves the Prometheus exposition on /metrics and a readiness check
+// on /healthz: 200 "ok" while Options.Ready returns nil (or when there is no
+// Ready), else 503 with the reason.
 // With otlp in OTEL_METRICS_EXPORTER, metrics are also pushed over OTLP
 // (OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL, ...).
 // With neither, MeterProvider returns a no-op provider.
@@ -98,6 +100,10 @@ type Options struct {
 	// NoGlobal leaves the otel global providers, propagator and error
 	// handler alone; callers inject TracerProvider and MeterProvider.
 	NoGlobal bool
+	// Ready, when set, is asked by every GET /healthz: nil answers 200
+	// "ok", an error 503 with its text (a consumer's Ready: not yet
+	// consuming, reconnecting).
+	Ready func() error
 }
 
 // Telemetry holds the providers Setup built. Its methods are safe for
@@ -159,7 +165,7 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 		t.tp = t.sdkTP
 	}
 	if env.otlpMetrics || metricsAddr != "" {
-		if err := t.setupMetrics(ctx, env, metricsAddr); err != nil {
+		if err := t.setupMetrics(ctx, env, metricsAddr, opts.Ready); err != nil {
 			_ = t.Shutdown(context.WithoutCancel(ctx))
 			return nil, fmt.Errorf("telemetry: %w", err)
 		}
@@ -181,7 +187,7 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	return t, nil
 }
 
-func (t *Telemetry) setupMetrics(ctx context.Context, env envConfig, addr string) error {
+func (t *Telemetry) setupMetrics(ctx context.Context, env envConfig, addr string, ready func() error) error {
 	opts := []sdkmetric.Option{
 		sdkmetric.WithResource(t.res),
 		sdkmetric.WithView(sdkmetric.NewView(
@@ -219,10 +225,7 @@ func (t *Telemetry) setupMetrics(ctx context.Context, env envConfig, addr string
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", t.handler)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	mux.Handle("GET /healthz", HealthHandler(ready))
 	t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	t.addr = ln.Addr().String()
 	t.served = make(chan struct{})
@@ -233,6 +236,23 @@ func (t *Telemetry) setupMetrics(ctx context.Context, env envConfig, addr string
 		}
 	}()
 	return nil
+}
+
+// HealthHandler answers 200 "ok" while ready returns nil (or ready is nil),
+// else 503 Service Unavailable with "not ready: " and the reason.
+func HealthHandler(ready func() error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if ready != nil {
+			if err := ready(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = fmt.Fprintf(w, "not ready: %s\n", redact.Error(err))
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 }
 
 // TracerProvider returns the SDK provider when tracing is on, else a no-op one.
