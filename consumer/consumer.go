@@ -156,7 +156,12 @@ func (c *Consumer) Topology() Topology { return c.topo }
 // an error wrapping ErrNotReady that says why not (not running, not yet
 // connected, reconnecting and why, stopping, or the error Run returned).
 // It is safe to call at any time, from any goroutine: a readiness probe.
-func (c *Consumer) Ready() error { return *c.status.Load() }
+func (c *Consumer) Ready() error {
+	if p := c.status.Load(); p != nil {
+		return *p
+	}
+	return fmt.Errorf("%w: not made by New", ErrNotReady)
+}
 
 // notReady records why the consumer is not consuming.
 func (c *Consumer) notReady(why error) {
