@@ -49,8 +49,21 @@ lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
 		echo 'golangci-lint not on PATH: skipped (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest)'; \
 	fi
 
-demo: up ## Run the payments scenario end to end (idemq demo)
-	$(GO) run ./cmd/idemq demo $(ARGS)
+demo: up ## Run the payments scenario end to end (idemq demo), traced into the local Jaeger when it is built
+	@# With the local Jaeger built (make jaeger, or the first make test) and
+	@# nothing answering, start it for the run and stop it after: the report
+	@# then links a suppressed duplicate to its original processing.
+	@started=; \
+	if [[ -z "$${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]] && ! curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:16686/api/services 2>/dev/null \
+		&& bash deploy/jaeger/build.sh --cached >/dev/null; then \
+		bash deploy/jaeger/run.sh && started=1; \
+	fi; \
+	rc=0; $(GO) run ./cmd/idemq demo $(ARGS) || rc=$$?; \
+	if [[ -n "$$started" && -z "$${KEEP_JAEGER:-}" ]]; then \
+		echo "stopping the local Jaeger started for the demo (make demo KEEP_JAEGER=1 keeps it, to open the links)"; \
+		bash deploy/jaeger/stop.sh; \
+	fi; \
+	exit $$rc
 
 bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--full for the 50,000-message run
 	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)

@@ -22,6 +22,10 @@ if [[ -x "$bin" ]]; then
 	echo "$bin"
 	exit 0
 fi
+# --cached: only say whether it is built (exit 1 when not), never build.
+if [[ "${1:-}" == "--cached" ]]; then
+	exit 1
+fi
 
 mkdir -p "$out_dir"
 

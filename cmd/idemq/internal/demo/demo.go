@@ -33,6 +33,7 @@ func Run(ctx context.Context, opts Options, w io.Writer) (Report, error) {
 	if err := o.validate(); err != nil {
 		return Report{}, fmt.Errorf("demo: %w", err)
 	}
+	o.JaegerURL = tracingTarget(ctx, o.JaegerURL)
 	r := &runner{o: o, w: w, prog: newProgress(w), started: time.Now()}
 	defer r.close()
 	return r.run(ctx)
