@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // Sentinel errors. Test them with errors.Is.
@@ -36,9 +38,10 @@ var (
 	// for an operation with another fingerprint.
 	ErrKeyReuse = errors.New(ReasonKeyReuse)
 
-	// ErrNotMigrated means a table this build needs does not exist: run
-	// schema.Migrate (or `idemq migrate`).
-	ErrNotMigrated = errors.New("schema not migrated")
+	// ErrNotMigrated means a table this build needs does not exist, or the
+	// schema lacks migrations this build needs: run schema.Migrate (or
+	// `idemq migrate`). It is schema.ErrNotMigrated.
+	ErrNotMigrated = schema.ErrNotMigrated
 
 	// ErrFingerprint means the significant content could not be read (for
 	// example, a field fingerprint over a body that is not a JSON object).

@@ -46,15 +46,8 @@ func (s *Store) Config() Config { return s.cfg }
 // calls Check before it connects to the broker, and so may anyone who uses
 // the store on its own.
 func (s *Store) Check(ctx context.Context) error {
-	applied, known, err := schema.Version(ctx, s.pool, s.cfg.Schema)
-	switch {
-	case err != nil:
-		return fmt.Errorf("dedup: check schema: %w", err)
-	case applied == 0:
-		return fmt.Errorf("dedup: schema %s: %w: run `idemq migrate --schema %s` (or schema.Migrate)", s.cfg.Schema, ErrNotMigrated, s.cfg.Schema)
-	case applied < known:
-		return fmt.Errorf("dedup: schema %s is at version %d, this build needs %d: %w: run `idemq migrate --schema %s` (or schema.Migrate)",
-			s.cfg.Schema, applied, known, ErrNotMigrated, s.cfg.Schema)
+	if err := schema.Check(ctx, s.pool, s.cfg.Schema); err != nil {
+		return fmt.Errorf("dedup: %w", err)
 	}
 	return nil
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
@@ -148,4 +150,26 @@ func TestRelayRetriesARefusalOnceConnected(t *testing.T) {
 	testamqp.SetPermissions(t, user, true)
 	enqueue("after")
 	waitFor(t, 60*time.Second, "the second row published", published(2))
+}
+
+// TestRelayRefusesAnUnmigratedSchema: Run over a schema never migrated
+// returns at once an error saying to run idemq migrate, instead of retrying
+// its batches forever.
+func TestRelayRefusesAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t, 2)
+	ob, err := outbox.New(pool, &outbox.Config{Schema: testdb.Schema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{ConnectionName: testamqp.Name(t, "idemq-test-relay")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil || !errors.Is(err, schema.ErrNotMigrated) || !strings.Contains(err.Error(), "idemq migrate") {
+		t.Fatalf("Run over an empty schema: %v; want ErrNotMigrated saying to run idemq migrate, at once", err)
+	}
 }

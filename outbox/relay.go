@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -114,16 +115,21 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // connections and returns nil. Broker and database failures are retried
 // with backoff: rows whose batch did not commit stay pending and are
 // published again later, with the same message id. Run returns an error
-// when called while already running, and when the broker refuses its first
-// connection for a reason retrying cannot fix (credentials or permissions,
-// 403 ACCESS_REFUSED; a vhost, 530 NOT_ALLOWED); a broker out of reach is
-// retried from the start, and once connected every failure is retried.
+// when called while already running, when the outbox's schema is not
+// migrated as far as this build needs (schema.Check: run `idemq migrate`),
+// and when the broker refuses its first connection for a reason retrying
+// cannot fix (credentials or permissions, 403 ACCESS_REFUSED; a vhost, 530
+// NOT_ALLOWED). A database or broker out of reach is retried from the
+// start, and once connected every failure is retried.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay is already running")
 	}
 	defer r.running.Store(false)
 	r.connected.Store(false)
+	if err := r.checkSchema(ctx); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -152,6 +158,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return failed
+}
+
+// checkSchema waits, with backoff while the database is out of reach, for
+// the outbox's schema to be checked (schema.Check). A schema not migrated
+// far enough is an error; ctx ending is not.
+func (r *Relay) checkSchema(ctx context.Context) error {
+	bo := r.reconnectBackoff()
+	for {
+		err := schema.Check(ctx, r.pool, r.ob.cfg.Schema)
+		switch {
+		case err == nil, ctx.Err() != nil:
+			return nil
+		case errors.Is(err, schema.ErrNotMigrated):
+			return fmt.Errorf("outbox: relay: %w", err)
+		}
+		r.log.Warn("outbox relay cannot check its schema; retrying", "error", redact.Error(err))
+		if !sleepCtx(ctx, bo.NextBackOff()) {
+			return nil
+		}
+	}
 }
 
 // lane is one batch in flight at a time, on a broker session of its own.
