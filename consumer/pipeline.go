@@ -213,7 +213,7 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 		for _, it := range items {
 			rerr := fmt.Errorf("%w: %w", errReserve, err)
 			c.retryOrDeadLetter(s, it, rerr)
-			c.logFailure("key store unreachable", it, rerr)
+			c.logFailure("reserve failed", it, rerr)
 		}
 		return nil
 	}
@@ -301,5 +301,6 @@ func bodyBytes(ds []*amqp.Delivery) int64 {
 	return n
 }
 
-// errReserve marks the failure of a reservation (the key store unreachable).
+// errReserve marks the failure of a reservation (the key store unreachable,
+// its schema missing).
 var errReserve = errors.New("reserve")
