@@ -32,7 +32,7 @@ func BenchmarkPrepare(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = wire.ParseAttempt(d.Headers)
-		_ = dedup.KeyHash("payments", tenant, key)
+		_ = dedup.Scope{Consumer: "payments", Tenant: tenant, Key: key}.KeyHash()
 		if _, err := dedup.BodyFingerprint(d.Body); err != nil {
 			b.Fatal(err)
 		}

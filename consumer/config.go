@@ -50,7 +50,10 @@ type Config struct {
 	// Queue is the work queue Q; the topology adds Q.retry.<delay>, Q.dlx, Q.dlq.
 	Queue string
 	// Name is the stable name of the handler: keys are unique per
-	// (Name, tenant, key). Two handlers of one message need two names.
+	// (Name, tenant, key), the dedup.Scope's Consumer. Two handlers of one
+	// message need two names. It is the --consumer of the idemq CLI, the
+	// attribute idemq.consumer of the process spans and metrics, and the
+	// field "consumer" of the logs.
 	Name string
 
 	// Concurrency is the number of deliveries handled at once. Default 8.
@@ -127,10 +130,6 @@ type Config struct {
 
 	// Lease overrides the store's lease for this consumer's keys when positive.
 	Lease time.Duration
-	// DisableHeartbeat stops the runtime from extending leases while a
-	// handler runs. Only for tests of fencing: a handler slower than its
-	// lease then loses its key and cannot commit.
-	DisableHeartbeat bool
 
 	// MaxAttempts is how many times a message is handled before it goes to
 	// the DLQ with reason max_attempts_exceeded. Default 5.
@@ -178,8 +177,6 @@ type Config struct {
 	// NoReply stops the runtime from answering reply_to with the stored
 	// response (for stages that forward the message to the real handler).
 	NoReply bool
-	// AllowShortRetention turns the retention guard's refusal into a warning.
-	AllowShortRetention bool
 	// LogKeys puts raw keys into span attributes (off: a short hash only;
 	// logs always carry only the hash).
 	LogKeys bool
@@ -195,6 +192,24 @@ type Config struct {
 	OnOutcome func(Event)
 	// ConnectionName names the AMQP connections in the broker's UI.
 	ConnectionName string
+
+	// Testing holds the knobs for tests only. Production code leaves it zero.
+	Testing TestKnobs
+}
+
+// TestKnobs are settings for tests only, never for production: each turns
+// off a guard that keeps a consumer safe, so that a test can reach a state
+// the guard would prevent.
+type TestKnobs struct {
+	// DisableHeartbeat stops the runtime from extending leases while a
+	// handler runs. Test-only, for tests of fencing: a handler slower than
+	// its lease then loses its key and cannot commit.
+	DisableHeartbeat bool
+	// AllowShortRetention turns New's refusal of a store whose retention is
+	// shorter than the retry horizon (ErrRetentionTooShort) into a warning.
+	// Test-only, for tests with short retentions: in production a late
+	// retry of a key already deleted would run twice.
+	AllowShortRetention bool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -234,13 +249,29 @@ func (c *Config) withDefaults(groupSize int) Config {
 	return out
 }
 
+// TopologyConfig returns the topology settings of c, defaults filled: the
+// topology the consumer declares on connect, which Apply and `idemq topology
+// apply` declare ahead of it. Apply connects as the consumer does (its
+// AMQPConfig and ConnectionName).
+func (c *Config) TopologyConfig() TopologyConfig {
+	d := c.WithDefaults()
+	return TopologyConfig{
+		Queue:           d.Queue,
+		MaxAttempts:     d.MaxAttempts,
+		RetryInitial:    d.RetryInitial,
+		RetryMultiplier: d.RetryMultiplier,
+		RetryMax:        d.RetryMax,
+		DeliveryLimit:   d.DeliveryLimit,
+		ClassicQueues:   d.ClassicQueues,
+		AMQPConfig:      d.AMQPConfig,
+		ConnectionName:  d.ConnectionName,
+	}.WithDefaults()
+}
+
 func (c Config) validate() error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("broker URL is required"))
-	}
-	if c.Queue == "" {
-		errs = append(errs, errors.New("queue name is required"))
 	}
 	if c.Name == "" {
 		errs = append(errs, errors.New("consumer name (the stable scope of its keys) is required"))
@@ -250,9 +281,6 @@ func (c Config) validate() error {
 	}
 	if c.Concurrency < 1 || c.Prefetch < 1 {
 		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))
-	}
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
 	}
 	if c.HeaderKeys != nil {
 		if err := configuredKeys(c.HeaderKeys).Validate(); err != nil {
@@ -265,8 +293,7 @@ func (c Config) validate() error {
 	if c.MaxInFlightBytes < 0 {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
-	if c.RetryMultiplier < 1 {
-		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))
-	}
+	// The queue, attempts and retry settings: as the topology checks them.
+	errs = append(errs, c.TopologyConfig().validate())
 	return errors.Join(errs...)
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -26,10 +28,16 @@ import (
 // instrumentation is the name of the tracer and meter.
 const instrumentation = "github.com/idemq/idemq/consumer"
 
+// attrConsumer is the attribute that carries Config.Name, the scope of the
+// consumer's keys, on its process spans and on every measurement of its
+// metrics (the Prometheus label idemq_consumer); its logs call it "consumer",
+// as does the CLI's --consumer flag.
+const attrConsumer = "idemq.consumer"
+
 // ErrRetentionTooShort means the key retention is shorter than the longest
 // redelivery horizon: a retry arriving after its key was deleted would run
 // the handler again.
-var ErrRetentionTooShort = errors.New("key retention is shorter than the redelivery horizon")
+var ErrRetentionTooShort = errors.New("the key retention is shorter than the redelivery horizon")
 
 // ErrNotReady is wrapped by every error Consumer.Ready returns: the consumer
 // is not consuming (not running, not yet connected, reconnecting, stopping,
@@ -73,7 +81,7 @@ type Consumer struct {
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
 // is invalid (Queue, Name and URL are required). New refuses a store whose
-// retention is shorter than the retry horizon, unless AllowShortRetention.
+// retention is shorter than the retry horizon, unless Testing.AllowShortRetention.
 func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("consumer: nil handler")
@@ -107,9 +115,9 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
-	topo := NewTopology(&c)
+	topo := NewTopology(c.TopologyConfig())
 	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
-		if !c.AllowShortRetention {
+		if !c.Testing.AllowShortRetention {
 			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
 		}
 		c.Logger.Warn("key retention is shorter than the retry horizon; late retries may run twice",
@@ -287,30 +295,53 @@ func (e *dialError) Error() string { return e.msg }
 
 func (e *dialError) Unwrap() error { return e.err }
 
-// dial connects to the broker. A malformed URL, and credentials or a vhost
-// the broker refuses, are fatal errors.
-func dial(c Config) (*amqp.Connection, error) {
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return nil, &fatalError{&dialError{fmt.Sprintf("broker URL %s: %s", redact.URL(c.URL), redact.Error(err)), err}}
-	}
+// dial opens a broker connection named name, on the connection config base
+// (nil: none). A positive timeout bounds the TCP connect and the TLS and
+// AMQP handshakes, as does ctx (its deadline, or its end), unless base has a
+// Dial function of its own; 0 keeps amqp091-go's own bound.
+func dial(ctx context.Context, url string, base *amqp.Config, name string, timeout time.Duration) (*amqp.Connection, error) {
 	var ac amqp.Config
-	if c.AMQPConfig != nil {
-		ac = *c.AMQPConfig
+	if base != nil {
+		ac = *base
 	}
-	if ac.Properties == nil {
-		ac.Properties = amqp.NewConnectionProperties()
-	}
-	ac.Properties.SetClientConnectionName(c.ConnectionName)
+	// A copy, so that the caller's properties keep their own name.
+	props := amqp.NewConnectionProperties()
+	maps.Copy(props, ac.Properties)
+	props.SetClientConnectionName(name)
+	ac.Properties = props
 	if ac.Heartbeat == 0 {
 		ac.Heartbeat = 10 * time.Second
 	}
-	conn, err := amqp.DialConfig(c.URL, ac)
-	if err != nil {
-		err = &dialError{fmt.Sprintf("dial broker %s: %s", redact.URL(c.URL), redact.Error(err)), err}
-		if refused(err) {
-			return nil, &fatalError{err}
+	var stop func() bool
+	if ac.Dial == nil && timeout > 0 {
+		ac.Dial = func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshakes' deadline; amqp091-go clears it once open.
+			deadline := time.Now().Add(timeout)
+			if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+				deadline = dl
+			}
+			if err := conn.SetDeadline(deadline); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
+			stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+			return conn, nil
 		}
-		return nil, err
+	}
+	conn, err := amqp.DialConfig(url, ac)
+	if stop != nil {
+		stop()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("dial broker %s: %w", redact.URL(url), context.Cause(ctx))
+		}
+		return nil, &dialError{fmt.Sprintf("dial broker %s: %s", redact.URL(url), redact.Error(err)), err}
 	}
 	return conn, nil
 }
@@ -318,7 +349,15 @@ func dial(c Config) (*amqp.Connection, error) {
 // session is one connection's life: declare, consume, handle, until the
 // context ends (nil) or the connection or a channel closes (an error).
 func (c *Consumer) session(ctx context.Context) error {
-	conn, err := dial(c.cfg)
+	if _, err := amqp.ParseURI(c.cfg.URL); err != nil {
+		return &fatalError{&dialError{fmt.Sprintf("broker URL %s: %s", redact.URL(c.cfg.URL), redact.Error(err)), err}}
+	}
+	conn, err := dial(context.Background(), c.cfg.URL, c.cfg.AMQPConfig, c.cfg.ConnectionName, 0)
+	if refused(err) {
+		// Credentials or a vhost the broker refuses: fatal before the first
+		// consume.
+		return &fatalError{err}
+	}
 	if err != nil {
 		return err
 	}
@@ -488,7 +527,7 @@ func (s *session) nack(d *amqp.Delivery) {
 // means a close without an error (the library closed the channel).
 func closeReason(e *amqp.Error) error {
 	if e == nil {
-		return errors.New("closed")
+		return errors.New("no error given")
 	}
 	return e
 }

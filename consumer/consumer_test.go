@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -107,6 +108,19 @@ func TestEveryOutcome(t *testing.T) {
 				t.Errorf("outcome %s: %d, want %d (all: %v)", o, counts[o], n, counts)
 			}
 		}
+		// The panic's failures carry its value and the stack, down to the handler.
+		panics := 0
+		for _, ev := range evs {
+			if pe := (*consumer.PanicError)(nil); errors.As(ev.Err, &pe) {
+				panics++
+				if pe.Value != "nil map in card network client" || !bytes.Contains(pe.Stack, []byte("consumer_test.go")) {
+					t.Errorf("panic error: value %v, stack:\n%s", pe.Value, pe.Stack)
+				}
+			}
+		}
+		if panics == 0 {
+			t.Error("no event carries the handler's *PanicError")
+		}
 		// Effects: only committed outcomes (ok and the rejection's own rows) remain.
 		eff := h.effects()
 		if eff["ok-1"] != 2 || eff["reject-1"] != 1 || eff["permanent-1"] != 0 || eff["infra-1"] != 0 || eff["panic-1"] != 0 {
@@ -125,7 +139,7 @@ func TestEveryOutcome(t *testing.T) {
 		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m == "optimistic" || m == "batch")) {
 			t.Fatalf("infra handler ran %d times, want MaxAttempts=3", got)
 		}
-		rec, err := h.store.Inspect(context.Background(), "payments", "", "reject-1")
+		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "reject-1"})
 		if err != nil || rec.Result.Outcome != dedup.OutcomeRejected || rec.Result.Code != 402 {
 			t.Fatalf("stored rejection %+v %v", rec, err)
 		}
@@ -158,7 +172,7 @@ func TestEveryOutcome(t *testing.T) {
 			t.Fatalf("DLQ reasons %v, want %v", reasons, wantReasons)
 		}
 		// No key left in progress with a valid lease, and released keys kept their attempts.
-		rec, err = h.store.Inspect(context.Background(), "payments", "", "infra-1")
+		rec, err = h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "infra-1"})
 		if err != nil || rec.State != dedup.StateInProgress || rec.LeaseValid || rec.Attempts != 3 {
 			t.Fatalf("infra key after max attempts: %+v %v", rec, err)
 		}
@@ -193,7 +207,7 @@ func TestInfraFailureTwiceThenSuccess(t *testing.T) {
 		if eff := h.effects(); eff["flaky-1"] != 1 {
 			t.Fatalf("effects %v", eff)
 		}
-		rec, err := h.store.Inspect(context.Background(), "payments", "", "flaky-1")
+		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "flaky-1"})
 		if err != nil || rec.Attempts != 3 || rec.State != dedup.StateCompleted {
 			t.Fatalf("key %+v %v, want completed after 3 attempts", rec, err)
 		}
@@ -209,7 +223,7 @@ func TestInfraFailureTwiceThenSuccess(t *testing.T) {
 func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
-			c.Lease, c.DisableHeartbeat, c.Concurrency = time.Second, true, 2
+			c.Lease, c.Testing.DisableHeartbeat, c.Concurrency = time.Second, true, 2
 			c.RetryInitial = 100 * time.Millisecond
 		})
 		var calls atomic.Int64
@@ -299,9 +313,9 @@ func TestRetentionGuard(t *testing.T) {
 		if _, err := consumer.New(short, h.ledgerEffect, &cfg); !errors.Is(err, consumer.ErrRetentionTooShort) {
 			t.Fatalf("New with 1m retention: %v, want ErrRetentionTooShort", err)
 		}
-		cfg.AllowShortRetention = true
+		cfg.Testing.AllowShortRetention = true
 		if _, err := consumer.New(short, h.ledgerEffect, &cfg); err != nil {
-			t.Fatalf("New with AllowShortRetention: %v", err)
+			t.Fatalf("New with Testing.AllowShortRetention: %v", err)
 		}
 	})
 }

@@ -90,7 +90,7 @@ func TestDLQDeletedWhileRunningKeepsTheMessage(t *testing.T) {
 		h.waitEvents(30*time.Second, "an unroutable dead-letter copy", func(evs []consumer.Event) bool {
 			return copyFailures(evs, consumer.ErrUnroutable) >= 1
 		})
-		if err := consumer.Apply(&h.cfg); err != nil {
+		if err := consumer.Apply(t.Context(), h.cfg.URL, h.cfg.TopologyConfig()); err != nil {
 			t.Fatalf("re-apply topology: %v", err)
 		}
 		got := h.waitDLQ(1, 30*time.Second)

@@ -50,7 +50,7 @@ func Example() {
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) { outcomes <- e.Outcome },
 	}
-	if err := consumer.Apply(cfg); err != nil { // or: idemq topology apply --queue example.payments
+	if err := consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err != nil { // or: idemq topology apply --queue example.payments
 		log.Fatal(err)
 	}
 	c, err := consumer.New(store, charge, cfg)

@@ -110,7 +110,7 @@ func TestWorkerKilledMidHandler(t *testing.T) {
 		if eff := h.effects(); eff["killed-1"] != 1 {
 			t.Fatalf("effects %v, want exactly one", eff)
 		}
-		rec, err := h.store.Inspect(context.Background(), "payments", "", "killed-1")
+		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "killed-1"})
 		if err != nil || rec.Attempts != 2 || rec.State != dedup.StateCompleted {
 			t.Fatalf("key %+v %v; want completed on the 2nd reservation", rec, err)
 		}
@@ -173,7 +173,7 @@ func (h *harness) queuesEmpty() bool {
 		h.t.Fatal(err)
 	}
 	defer ch.Close()
-	topo := consumer.NewTopology(&h.cfg)
+	topo := consumer.NewTopology(h.cfg.TopologyConfig())
 	names := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		names = append(names, topo.TierName(d))

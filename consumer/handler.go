@@ -101,7 +101,7 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 // ErrStepInBatch is what Delivery.Step returns to a BatchHandler with
 // Config.BatchReserveInTx: its deliveries' keys are reserved in the batch's
 // own transaction, which a step's transaction cannot see.
-var ErrStepInBatch = errors.New("step: a batch handler's keys are reserved in the batch's transaction; use a per-message handler for steps")
+var ErrStepInBatch = errors.New("a batch handler cannot run steps: its keys are reserved in the batch's transaction, which a step's transaction cannot see")
 
 // DerivedKey returns a deterministic key for one step of this operation, to
 // pass to an external API (a payment gateway) whose own deduplication then
@@ -134,7 +134,7 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // to the DLQ with reason permanent_error.
 func Permanent(err error) error {
 	if err == nil {
-		err = errors.New("permanent error")
+		err = errors.New("no cause given")
 	}
 	return &PermanentError{Err: err}
 }
@@ -164,14 +164,20 @@ func storedResult(resp Response, err error) (dedup.Result, error) {
 	return dedup.Result{}, err
 }
 
-// PanicError is the infrastructure failure a handler's panic turns into.
+// PanicError is the infrastructure failure a handler's panic turns into:
+// the delivery is retried like any other failure, Event.Err is (or wraps)
+// the *PanicError, and the runtime logs the stack. It does not unwrap to the
+// panic's value, so that a panic is never routed as the error it carried.
 type PanicError struct {
+	// Value is what the handler passed to panic.
 	Value any
-	// Stack is the goroutine's stack where the handler panicked.
+	// Stack is the panicking goroutine's stack (runtime/debug.Stack), taken
+	// where the panic was recovered: its frames include the handler's.
 	Stack []byte
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+// Error says that the handler panicked and with what; the stack is in Stack.
+func (e *PanicError) Error() string { return fmt.Sprintf("the handler panicked: %v", e.Value) }
 
 // BatchHandler handles a batch of deliveries in one transaction: whatever
 // it writes in tx commits together with the completion of every key of the

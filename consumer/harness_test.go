@@ -77,13 +77,13 @@ func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 	if mod != nil {
 		mod(&h.cfg)
 	}
-	topo := consumer.NewTopology(&h.cfg)
+	topo := consumer.NewTopology(h.cfg.TopologyConfig())
 	queues := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))
 	}
 	testamqp.DeleteQueuesAtCleanup(t, queues, []string{topo.DLX})
-	if err := consumer.Apply(&h.cfg); err != nil {
+	if err := consumer.Apply(t.Context(), h.cfg.URL, h.cfg.TopologyConfig()); err != nil {
 		t.Fatalf("apply topology: %v", err)
 	}
 	h.conn = testamqp.Dial(t)

@@ -12,7 +12,7 @@ import (
 
 // ErrHandlerTimeout is the cause of a handler's context that ended at
 // HandlerTimeout; the delivery's Event.Err wraps it.
-var ErrHandlerTimeout = errors.New("handler timeout")
+var ErrHandlerTimeout = errors.New("the handler timed out")
 
 // errLeaseLostByBeat is the cause of a handler's context that ended because
 // the heartbeat found its lease lost; it wraps dedup.ErrLeaseLost.
@@ -24,7 +24,7 @@ var errLeaseLostByBeat = fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost)
 // Each extend is bounded by the period (the next one takes over), and stop
 // cancels the one in flight rather than wait for it.
 func (c *Consumer) heartbeat(ctx context.Context, items []*item) (stop func()) {
-	if c.cfg.DisableHeartbeat || len(items) == 0 {
+	if c.cfg.Testing.DisableHeartbeat || len(items) == 0 {
 		return func() {}
 	}
 	live := make([]*dedup.Lease, len(items))

@@ -32,7 +32,7 @@ func newMetrics(mp metric.MeterProvider, queue, name string) (*metrics, error) {
 		mp = otel.GetMeterProvider()
 	}
 	m := mp.Meter(instrumentation)
-	base := []attribute.KeyValue{attribute.String("idemq.queue", queue), attribute.String("idemq.consumer", name)}
+	base := []attribute.KeyValue{attribute.String("idemq.queue", queue), attribute.String(attrConsumer, name)}
 	out := metrics{base: attribute.NewSet(base...), attrs: base}
 	var err error
 	if out.deliveries, err = m.Int64Counter("idemq.consumer.deliveries",

@@ -29,19 +29,10 @@ const (
 	OutcomeCopyFailed Outcome = "copy_failed"
 )
 
-// Reason words carried by dead letters in header x-idemq-reason.
-const (
-	ReasonPermanentError      = "permanent_error"
-	ReasonMaxAttemptsExceeded = "max_attempts_exceeded"
-	ReasonKeyRequired         = "idempotency_key_required"
-	ReasonKeyInvalid          = "idempotency_key_invalid"
-	ReasonKeyReuse            = "idempotency_key_reuse"
-)
-
 // Event reports the end of one delivery to Config.OnOutcome.
 type Event struct {
 	Outcome Outcome
-	// Reason is the dead-letter reason, for dead letters.
+	// Reason is the dead-letter reason (a Reason* word), for dead letters.
 	Reason string
 	// KeyHash is a short hash of the scoped key (never the raw key).
 	KeyHash string

@@ -53,7 +53,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.destination.name", c.cfg.Queue),
 			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
-			attribute.String("messaging.consumer.group.name", c.cfg.Name),
+			attribute.String(attrConsumer, c.cfg.Name),
 			attribute.Int("messaging.message.body.size", len(d.Body)),
 			attribute.Int("idemq.attempt", attempt),
 		))
@@ -105,7 +105,8 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 		c.deadLetter(s, it, ReasonKeyInvalid, err)
 		return false
 	}
-	it.ev = Event{KeyHash: dedup.KeyHash(c.cfg.Name, tenant, key), Tenant: tenant, scoped: true}
+	scope := dedup.Scope{Consumer: c.cfg.Name, Tenant: tenant, Key: key}
+	it.ev = Event{KeyHash: scope.KeyHash(), Tenant: tenant, scoped: true}
 	it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
 	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
 		it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
@@ -123,7 +124,7 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 		traceID, spanID = sc.TraceID().String(), sc.SpanID().String()
 	}
 	it.claim = dedup.Claim{
-		Consumer: c.cfg.Name, Tenant: tenant, Key: key, Fingerprint: fp,
+		Scope: scope, Fingerprint: fp,
 		TraceID: traceID, SpanID: spanID, Lease: c.cfg.Lease,
 	}
 	return true
@@ -151,7 +152,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		return false
 	case dedup.KeyReuse:
 		it.ev.Outcome = OutcomeKeyReuse
-		c.deadLetter(s, it, ReasonKeyReuse, errors.New("key reused with another fingerprint"))
+		c.deadLetter(s, it, ReasonKeyReuse, dedup.ErrKeyReuse)
 		return false
 	}
 	c.acquire(it, res.Lease)

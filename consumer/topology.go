@@ -1,6 +1,9 @@
 package consumer
 
 import (
+	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -8,29 +11,98 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// DefaultDialTimeout bounds Apply's connect (TCP, TLS and the AMQP
+// handshake) where a TopologyConfig leaves DialTimeout zero.
+const DefaultDialTimeout = 30 * time.Second
+
+// TopologyConfig shapes the topology of one work queue: what NewTopology
+// and Apply take. Zero fields take the defaults a Config's take, so that a
+// consumer with the same Queue and retry settings declares the same
+// topology; Config.TopologyConfig gives a consumer's own.
+type TopologyConfig struct {
+	// Queue is the work queue Q. Required.
+	Queue string
+	// MaxAttempts is how many times a message is handled before it is
+	// dead-lettered: MaxAttempts-1 retries, one tier per distinct delay.
+	// Default 5.
+	MaxAttempts int
+	// RetryInitial, RetryMultiplier and RetryMax shape the exponential
+	// backoff whose delays name the retry tiers. Defaults 1s, ×5, 10m.
+	RetryInitial    time.Duration
+	RetryMultiplier float64
+	RetryMax        time.Duration
+	// DeliveryLimit is the work queue's x-delivery-limit. Default 20.
+	DeliveryLimit int
+	// ClassicQueues declares classic queues instead of quorum queues.
+	ClassicQueues bool
+
+	// AMQPConfig, when set, is the base of Apply's connection config
+	// (TLSClientConfig, vhost, a Dial function of its own).
+	AMQPConfig *amqp.Config
+	// ConnectionName names Apply's connection in the broker's UI. Default
+	// "idemq-topology".
+	ConnectionName string
+	// DialTimeout bounds Apply's connect, handshake included. Default 30s.
+	DialTimeout time.Duration
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c TopologyConfig) WithDefaults() TopologyConfig {
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
+	c.RetryMultiplier = cmp.Or(c.RetryMultiplier, DefaultRetryMultiplier)
+	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	c.DeliveryLimit = cmp.Or(c.DeliveryLimit, DefaultDeliveryLimit)
+	c.ConnectionName = cmp.Or(c.ConnectionName, "idemq-topology")
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	return c
+}
+
+func (c TopologyConfig) validate() error {
+	var errs []error
+	if c.Queue == "" {
+		errs = append(errs, errors.New("queue name is required"))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("max attempts %d must be positive", c.MaxAttempts))
+	}
+	if c.RetryMultiplier < 1 {
+		errs = append(errs, fmt.Errorf("retry multiplier %g must be at least 1", c.RetryMultiplier))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
+	}
+	return errors.Join(errs...)
+}
+
 // Topology names the queues and exchanges of one work queue Q:
 //
 //	Q                 the work queue (quorum, x-delivery-limit, dead-letters to Q.dlx)
 //	Q.retry.<delay>   one delay tier per retry delay (TTL, dead-letters back to Q)
 //	Q.dlx → Q.dlq     the dead-letter exchange (fanout) and queue
 type Topology struct {
-	Queue       string
-	DLX, DLQ    string
-	Delays      []time.Duration
-	Classic     bool
-	DeliveryLim int
+	// Queue is the work queue Q.
+	Queue string
+	// DLX and DLQ are Q.dlx and Q.dlq.
+	DLX, DLQ string
+	// Delays are the delays of the retry tiers, shortest first.
+	Delays []time.Duration
+	// ClassicQueues: the queues are classic, not quorum, queues.
+	ClassicQueues bool
+	// DeliveryLimit is the work queue's x-delivery-limit (quorum queues only).
+	DeliveryLimit int
 }
 
-// NewTopology returns the topology of cfg (defaults applied).
-func NewTopology(cfg *Config) Topology {
+// NewTopology returns the topology cfg shapes (defaults applied).
+func NewTopology(cfg TopologyConfig) Topology {
 	c := cfg.WithDefaults()
 	return Topology{
-		Queue:       c.Queue,
-		DLX:         c.Queue + ".dlx",
-		DLQ:         c.Queue + ".dlq",
-		Delays:      retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
-		Classic:     c.ClassicQueues,
-		DeliveryLim: c.DeliveryLimit,
+		Queue:         c.Queue,
+		DLX:           c.Queue + ".dlx",
+		DLQ:           c.Queue + ".dlq",
+		Delays:        retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
+		ClassicQueues: c.ClassicQueues,
+		DeliveryLimit: c.DeliveryLimit,
 	}
 }
 
@@ -98,7 +170,7 @@ func (t Topology) TierName(d time.Duration) string {
 
 func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 	args := amqp.Table{}
-	if !t.Classic {
+	if !t.ClassicQueues {
 		args["x-queue-type"] = "quorum"
 		// At-least-once dead-lettering, which RabbitMQ honours only with
 		// reject-publish overflow; otherwise it falls back to at-most-once.
@@ -124,8 +196,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("bind %s to %s: %w", t.DLQ, t.DLX, err)
 	}
 	work := amqp.Table{"x-dead-letter-exchange": t.DLX}
-	if !t.Classic {
-		work["x-delivery-limit"] = int64(t.DeliveryLim)
+	if !t.ClassicQueues {
+		work["x-delivery-limit"] = int64(t.DeliveryLimit)
 	}
 	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, t.queueArgs(work)); err != nil {
 		return fmt.Errorf("declare queue %s: %w", t.Queue, err)
@@ -144,18 +216,39 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	return nil
 }
 
-// Apply dials url, declares the topology of cfg and closes the connection.
-func Apply(cfg *Config) error {
+// Apply dials the broker at url, declares the topology cfg shapes (as
+// Topology.Declare: idempotent) and closes the connection. The connect is
+// bounded by cfg.DialTimeout; the whole of it ends when ctx does.
+func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
 	c := cfg.WithDefaults()
-	conn, err := dial(c)
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("apply topology: %w", err)
+	}
+	conn, err := dial(ctx, url, c.AMQPConfig, c.ConnectionName, c.DialTimeout)
 	if err != nil {
-		return err
+		return fmt.Errorf("apply topology: %w", err)
 	}
 	defer conn.Close()
+	// The channel methods take no context: closing the connection when ctx
+	// ends unblocks them.
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	err = declareOn(conn, NewTopology(c))
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("apply topology to %s: %w (%w)", c.Queue, context.Cause(ctx), err)
+		}
+		return fmt.Errorf("apply topology to %s: %w", c.Queue, err)
+	}
+	return nil
+}
+
+// declareOn declares t on a channel of its own of conn.
+func declareOn(conn *amqp.Connection, t Topology) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	return NewTopology(&c).Declare(ch)
+	return t.Declare(ch)
 }

@@ -119,10 +119,10 @@ func TestTenantFromUserIDCopiesKeepTheTenant(t *testing.T) {
 		if len(tenants) != 1 || tenants[0] != alice {
 			t.Fatalf("effects under tenants %q, want one under %q", tenants, alice)
 		}
-		if rec, err := h.store.Inspect(context.Background(), "payments", alice, "alice-op"); err != nil || rec.State != dedup.StateCompleted {
+		if rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Tenant: alice, Key: "alice-op"}); err != nil || rec.State != dedup.StateCompleted {
 			t.Fatalf("alice's key: %+v, %v; want completed", rec, err)
 		}
-		if _, err := h.store.Inspect(context.Background(), "payments", "", "alice-op"); !errors.Is(err, dedup.ErrNotFound) {
+		if _, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "alice-op"}); !errors.Is(err, dedup.ErrNotFound) {
 			t.Fatalf("the key under the default tenant: %v, want ErrNotFound", err)
 		}
 		if dl := h.drainDLQ(); len(dl) != 0 {

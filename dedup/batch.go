@@ -12,9 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// scopedKey identifies a row within a batch.
-type scopedKey struct{ consumer, tenant, key string }
-
 // ReserveBatch reserves many keys with ONE atomic statement (arrays and
 // unnest), with the same semantics and fencing as Reserve: each row is
 // created, or its expired lease taken over, or it is classified as Duplicate,
@@ -83,7 +80,8 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		fps                                         = make([][]byte, n)
 		tokens                                      = make([][16]byte, n)
 		leases                                      = make([]int64, n)
-		index                                       = make(map[scopedKey]int, n)
+		// index finds a claim by its row: its scope with the key as stored.
+		index = make(map[Scope]int, n)
 	)
 	tokenBytes := make([]byte, 16*n)
 	if _, err := rand.Read(tokenBytes); err != nil {
@@ -96,12 +94,12 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		if c.Consumer == "" {
 			return nil, fmt.Errorf("reserve keys: claim %d: empty consumer name", i)
 		}
-		sk := scopedKey{c.Consumer, c.Tenant, s.storedKey(c.Key)}
-		if _, dup := index[sk]; dup {
+		row := Scope{c.Consumer, c.Tenant, s.storedKey(c.Key)}
+		if _, dup := index[row]; dup {
 			return nil, fmt.Errorf("reserve keys: claim %d repeats an earlier claim's key", i)
 		}
-		index[sk] = i
-		consumers[i], tenants[i], keys[i] = sk.consumer, sk.tenant, sk.key
+		index[row] = i
+		consumers[i], tenants[i], keys[i] = row.Consumer, row.Tenant, row.Key
 		fps[i] = c.Fingerprint[:]
 		copy(tokens[i][:], tokenBytes[16*i:])
 		traceIDs[i], spanIDs[i] = nullable(c.TraceID), nullable(c.SpanID)
@@ -119,20 +117,20 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 	decided := 0
 	for rows.Next() {
 		var (
-			sk       scopedKey
+			row      Scope
 			l        = &Lease{}
 			inserted bool
 		)
-		if err := rows.Scan(&sk.consumer, &sk.tenant, &sk.key, &l.Token, &l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
+		if err := rows.Scan(&row.Consumer, &row.Tenant, &row.Key, &l.Token, &l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
 			rows.Close()
 			return nil, interpretError("reserve keys", err)
 		}
-		i, ok := index[sk]
+		i, ok := index[row]
 		if !ok {
 			rows.Close()
 			return nil, errors.New("reserve keys: the statement returned a key that was not claimed")
 		}
-		l.Consumer, l.Tenant, l.Key, l.TakenOver, l.rawKey = sk.consumer, sk.tenant, sk.key, !inserted, claims[i].Key
+		l.Scope, l.stored, l.TakenOver = claims[i].Scope, row.Key, !inserted
 		out[i] = Reservation{Decision: Acquired, Lease: l}
 		decided++
 	}
@@ -159,7 +157,10 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		return nil, err
 	}
 	for _, i := range pending {
-		rec, ok := recs[scopedKey{consumers[i], tenants[i], keys[i]}]
+		rec, ok := recs[Scope{consumers[i], tenants[i], keys[i]}]
+		if ok {
+			rec.Key = claims[i].Key
+		}
 		switch {
 		case !ok, rec.Fingerprint == claims[i].Fingerprint && rec.State == StateInProgress && !rec.LeaseValid:
 			r, err := s.reserve(ctx, q, claims[i])
@@ -178,19 +179,21 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 	return out, nil
 }
 
-func (s *Store) inspectBatch(ctx context.Context, q querier, consumers, tenants, keys []string) (map[scopedKey]*Record, error) {
+// inspectBatch reads the rows of the given scopes (keys as stored), keyed by
+// scope with the key as stored; the records' Key is left to the caller.
+func (s *Store) inspectBatch(ctx context.Context, q querier, consumers, tenants, keys []string) (map[Scope]*Record, error) {
 	rows, err := q.Query(ctx, s.sql.inspectBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys)
 	if err != nil {
 		return nil, interpretError("read keys", err)
 	}
 	defer rows.Close()
-	out := make(map[scopedKey]*Record, len(keys))
+	out := make(map[Scope]*Record, len(keys))
 	for rows.Next() {
-		rec, err := scanRecord(rows)
+		rec, stored, err := scanRecord(rows)
 		if err != nil {
 			return nil, interpretError("read keys", err)
 		}
-		out[scopedKey{rec.Consumer, rec.Tenant, rec.Key}] = rec
+		out[Scope{rec.Consumer, rec.Tenant, stored}] = rec
 	}
 	return out, interpretError("read keys", rows.Err())
 }
@@ -208,7 +211,7 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
 	byToken := make(map[[16]byte]*Lease, n)
 	for i, l := range leases {
-		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
 		byToken[l.Token] = l
 	}
 	rows, err := s.pool.Query(ctx, s.sql.extendBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, d.Microseconds())
@@ -250,7 +253,7 @@ func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease) (lost []*Leas
 	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
 	pending := make(map[[16]byte]*Lease, n)
 	for i, l := range leases {
-		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
 		pending[l.Token] = l
 	}
 	rows, err := s.pool.Query(ctx, s.sql.releaseBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens)
@@ -293,7 +296,7 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 		if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
 			return nil, fmt.Errorf("complete keys: unknown outcome %q", r.Outcome)
 		}
-		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.Key, l.Token
+		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
 		outcomes[i], codes[i], responses[i] = string(r.Outcome), int32(r.Code), r.Response
 		pending[l.Token] = l
 	}

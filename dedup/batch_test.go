@@ -33,7 +33,7 @@ func TestReserveBatchClassifiesEachRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "lease to expire", func() bool {
-		rec, err := store.Inspect(ctx, "payments", "", "expired")
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "expired"})
 		return err == nil && !rec.LeaseValid
 	})
 

@@ -24,7 +24,7 @@ func BenchmarkReserveComplete(b *testing.B) {
 			var seq atomic.Int64
 			b.ResetTimer()
 			runParallel(b, workers, func() error {
-				c := dedup.Claim{Consumer: "bench", Key: fmt.Sprintf("%s-%d", prefix, seq.Add(1)), Fingerprint: fp}
+				c := dedup.Claim{Scope: dedup.Scope{Consumer: "bench", Key: fmt.Sprintf("%s-%d", prefix, seq.Add(1))}, Fingerprint: fp}
 				r, err := store.Reserve(ctx, c)
 				if err != nil {
 					return err
@@ -101,7 +101,7 @@ func BenchmarkReserveCompleteBatch(b *testing.B) {
 		claims := make([]dedup.Claim, batch)
 		for i := range claims {
 			seq++
-			claims[i] = dedup.Claim{Consumer: "bench", Key: fmt.Sprintf("%s-%d", prefix, seq), Fingerprint: fp}
+			claims[i] = dedup.Claim{Scope: dedup.Scope{Consumer: "bench", Key: fmt.Sprintf("%s-%d", prefix, seq)}, Fingerprint: fp}
 		}
 		res, err := store.ReserveBatch(ctx, claims)
 		if err != nil {

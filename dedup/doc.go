@@ -21,19 +21,20 @@
 //
 // # Scope, keys and fingerprints
 //
-// A key is unique per (consumer, tenant, key). ValidateKey rejects empty and
+// A key is unique per (consumer, tenant, key): a Scope, which Claim, Lease
+// and Record carry and Inspect takes. ValidateKey rejects empty and
 // malformed keys with ErrKeyRequired and ErrKeyInvalid. A Fingerprint (SHA-256
 // of the significant content: the whole body, or canonical JSON of named
 // fields with JSONFieldsFingerprint) tells a retry (same fingerprint) from a
 // reused key (another one). With Config.HashKeys the table holds only a hash
-// of each key. KeyHash gives a short hash for logs and spans.
+// of each key. Scope.KeyHash gives a short hash for logs and spans.
 //
 // # Atomic phases
 //
 // Work in several steps that touch other systems runs each step with
 // Store.Step, which commits the step's writes together with a recovery point;
-// a retry skips the committed steps. Lease.DerivedKey gives each step a
-// deterministic key to hand to an external API.
+// a retry skips the committed steps. Scope.DerivedKey (promoted on Lease)
+// gives each step a deterministic key to hand to an external API.
 //
 // # Schema and retention
 //

@@ -10,33 +10,38 @@ import (
 	"github.com/idemq/idemq/dedup/schema"
 )
 
-// Sentinel errors. Test them with errors.Is.
+// Sentinel errors. Test them with errors.Is, never by their text. Each reads
+// as a clause saying what is wrong; the functions that return them wrap them
+// with what was being done ("complete key: the key's lease was taken over or
+// released").
 var (
 	// ErrLeaseLost means the caller's lease token no longer matches the key's
 	// row: the lease expired and another worker took the key over, or it was
 	// released. Whatever the caller wrote in the same transaction must roll back.
-	ErrLeaseLost = errors.New("lease lost")
+	ErrLeaseLost = errors.New("the key's lease was taken over or released")
 
 	// ErrNotFound means no row exists for the key.
-	ErrNotFound = errors.New("key not found")
+	ErrNotFound = errors.New("the key is not in the store")
 
 	// ErrKeyRequired means the message carries no idempotency key.
-	// Its reason word, for dead letters, is ReasonKeyRequired.
-	ErrKeyRequired = errors.New(ReasonKeyRequired)
+	// The consumer dead-letters it with reason idempotency_key_required.
+	ErrKeyRequired = errors.New("the idempotency key is missing")
 
 	// ErrKeyInvalid means the key is longer than MaxKeyLen bytes, is not
-	// valid UTF-8, or contains control characters. Its reason word is ReasonKeyInvalid.
-	ErrKeyInvalid = errors.New(ReasonKeyInvalid)
+	// valid UTF-8, or contains control characters. The consumer
+	// dead-letters it with reason idempotency_key_invalid.
+	ErrKeyInvalid = errors.New("the idempotency key is invalid")
 
 	// ErrDuplicate is what Reservation.Err returns for a key already completed.
-	ErrDuplicate = errors.New("duplicate: key already completed")
+	ErrDuplicate = errors.New("the key is already completed")
 
 	// ErrBusy is what Reservation.Err returns while another worker holds a valid lease.
-	ErrBusy = errors.New("busy: key is in progress under another lease")
+	ErrBusy = errors.New("the key is in progress under another lease")
 
 	// ErrKeyReuse is what Reservation.Err returns when the key was first used
-	// for an operation with another fingerprint.
-	ErrKeyReuse = errors.New(ReasonKeyReuse)
+	// for an operation with another fingerprint. The consumer dead-letters
+	// it with reason idempotency_key_reuse.
+	ErrKeyReuse = errors.New("the key was first used with another fingerprint")
 
 	// ErrNotMigrated means a table this build needs does not exist, or the
 	// schema lacks migrations this build needs: run schema.Migrate (or
@@ -45,14 +50,7 @@ var (
 
 	// ErrFingerprint means the significant content could not be read (for
 	// example, a field fingerprint over a body that is not a JSON object).
-	ErrFingerprint = errors.New("fingerprint")
-)
-
-// Reason words: the values of the x-idemq-reason header on dead letters.
-const (
-	ReasonKeyRequired = "idempotency_key_required"
-	ReasonKeyInvalid  = "idempotency_key_invalid"
-	ReasonKeyReuse    = "idempotency_key_reuse"
+	ErrFingerprint = errors.New("the fingerprint cannot be computed")
 )
 
 // interpretError maps driver errors to the package's sentinels. It is the one

@@ -37,7 +37,7 @@ func Example() {
 
 	body := []byte(`{"order":"o-1","amount":4200}`)
 	fp, _ := dedup.BodyFingerprint(body)
-	c := dedup.Claim{Consumer: "payments", Key: "charge-o-1", Fingerprint: fp}
+	c := dedup.Claim{Scope: dedup.Scope{Consumer: "payments", Key: "charge-o-1"}, Fingerprint: fp}
 
 	for delivery := 1; delivery <= 2; delivery++ {
 		r, err := store.Reserve(ctx, c)

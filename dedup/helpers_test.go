@@ -31,7 +31,7 @@ func newStore(t testing.TB, maxConns int32, cfg *dedup.Config) (*dedup.Store, *p
 
 func claim(key string, body string) dedup.Claim {
 	fp, _ := dedup.BodyFingerprint([]byte(body))
-	return dedup.Claim{Consumer: "payments", Key: key, Fingerprint: fp}
+	return dedup.Claim{Scope: dedup.Scope{Consumer: "payments", Key: key}, Fingerprint: fp}
 }
 
 func mustReserve(t testing.TB, s *dedup.Store, c dedup.Claim, want dedup.Decision) dedup.Reservation {

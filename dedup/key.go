@@ -30,20 +30,34 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// KeyHash returns a short, stable hash of a scoped key for logs and span
+// Scope is what an idempotency key is unique within: the consumer (the
+// stable name of the handler, so that two handlers of one message are two
+// scopes), the tenant ("" is the default tenant) and the key itself, as the
+// publisher sent it. One tenant never sees another's row.
+type Scope struct {
+	// Consumer is the stable name of the handler (the consumer's Config.Name).
+	Consumer string
+	// Tenant scopes the key further; "" is the default tenant.
+	Tenant string
+	// Key is the publisher's idempotency key, validated with ValidateKey. It
+	// is always the raw key, also when the store keeps hashes (HashKeys).
+	Key string
+}
+
+// KeyHash returns a short, stable hash of the scoped key for logs and span
 // attributes, so that raw keys stay out of them. It identifies a key without
 // revealing it.
-func KeyHash(consumer, tenant, key string) string {
-	sum := scopedSum(consumer, tenant, key, "")
+func (s Scope) KeyHash() string {
+	sum := scopedSum(s.Consumer, s.Tenant, s.Key, "")
 	return hex.EncodeToString(sum[:6])
 }
 
-// DerivedKey returns a deterministic idempotency key for one step of one
-// operation, to pass to an external system (a payment gateway) so that its own
-// deduplication recognises a retry of that step. The same scope and step
+// DerivedKey returns a deterministic idempotency key for one step of the
+// operation, to pass to an external system (a payment gateway) so that its
+// own deduplication recognises a retry of that step. The same scope and step
 // always give the same 40-character key; different steps give different keys.
-func DerivedKey(consumer, tenant, key, step string) string {
-	sum := scopedSum(consumer, tenant, key, step)
+func (s Scope) DerivedKey(step string) string {
+	sum := scopedSum(s.Consumer, s.Tenant, s.Key, step)
 	return "idemq-" + hex.EncodeToString(sum[:17])
 }
 

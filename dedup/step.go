@@ -12,7 +12,7 @@ import (
 // lease token, that step name is committed, with optional data for later
 // steps. Step is the usual way to call it.
 func (s *Store) Checkpoint(ctx context.Context, tx pgx.Tx, l *Lease, name string, data []byte) error {
-	tag, err := tx.Exec(ctx, s.sql.checkpoint, l.Consumer, l.Tenant, l.Key, l.Token, name, data)
+	tag, err := tx.Exec(ctx, s.sql.checkpoint, l.Consumer, l.Tenant, l.stored, l.Token, name, data)
 	if err != nil {
 		return interpretError("checkpoint "+name, err)
 	}

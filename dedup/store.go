@@ -57,12 +57,8 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Claim is what a reservation is asked for.
 type Claim struct {
-	// Consumer is the stable name of the handler: one scope per handler.
-	Consumer string
-	// Tenant scopes the key further; "" is the default tenant.
-	Tenant string
-	// Key is the publisher's idempotency key, validated with ValidateKey.
-	Key string
+	// Scope is the key to reserve, in its scope.
+	Scope
 	// Fingerprint identifies the operation's significant content.
 	Fingerprint Fingerprint
 	// TraceID and SpanID (hex) identify the processing span, stored so that a
@@ -129,9 +125,8 @@ func (r Reservation) Err() error {
 // Lease is a held reservation. Its Token fences every later write: once the
 // key is taken over, Complete, Release, Extend and Step fail with ErrLeaseLost.
 type Lease struct {
-	Consumer, Tenant string
-	// Key is the key as stored: the raw key, or its hash with HashKeys.
-	Key string
+	// Scope is the key held, as it was claimed.
+	Scope
 	// Token is the fencing token written by this reservation.
 	Token [16]byte
 	// Attempts counts reservations of this key, this one included.
@@ -147,13 +142,8 @@ type Lease struct {
 	// Steps are the names of the steps committed by earlier attempts.
 	Steps []string
 
-	rawKey string
-}
-
-// DerivedKey returns the deterministic key of one step of this operation,
-// for an external system's own deduplication. See the package function DerivedKey.
-func (l *Lease) DerivedKey(step string) string {
-	return DerivedKey(l.Consumer, l.Tenant, l.rawKey, step)
+	// stored is the key as the table holds it (see Store.storedKey).
+	stored string
 }
 
 // Outcome is how a completed operation ended.
@@ -185,9 +175,10 @@ const (
 
 // Record is a snapshot of a key's row.
 type Record struct {
-	Consumer, Tenant, Key string
-	State                 State
-	Fingerprint           Fingerprint
+	// Scope is the key's scope, with the key as it was asked for.
+	Scope
+	State       State
+	Fingerprint Fingerprint
 	// LeaseValid reports an in-progress row whose lease has not expired.
 	LeaseValid    bool
 	LockedUntil   *time.Time
@@ -238,7 +229,7 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 		if _, err := rand.Read(token[:]); err != nil {
 			return Reservation{}, fmt.Errorf("reserve key: token: %w", err)
 		}
-		l := &Lease{Consumer: c.Consumer, Tenant: c.Tenant, Key: key, Token: token, rawKey: c.Key}
+		l := &Lease{Scope: c.Scope, Token: token, stored: key}
 		var inserted bool
 		err := q.QueryRow(ctx, s.sql.reserve,
 			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
@@ -250,7 +241,7 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Reservation{}, interpretError("reserve key", err)
 		}
-		rec, err := s.inspect(ctx, q, c.Consumer, c.Tenant, key)
+		rec, err := s.inspect(ctx, q, c.Scope)
 		if errors.Is(err, ErrNotFound) {
 			continue // deleted between the statements: reserve again
 		}
@@ -279,7 +270,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response)
+	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
@@ -312,7 +303,7 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.Key, l.Token, string(r.Outcome), r.Code, r.Response).Exec(completedOrLost)
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response).Exec(completedOrLost)
 	return nil
 }
 
@@ -320,7 +311,7 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 // expires now, attempts and created_at are kept, and the next delivery takes
 // the key over. Fenced: a lease already lost gives ErrLeaseLost.
 func (s *Store) Release(ctx context.Context, l *Lease) error {
-	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.Key, l.Token)
+	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.stored, l.Token)
 	if err != nil {
 		return interpretError("release key", err)
 	}
@@ -338,7 +329,7 @@ func (s *Store) Extend(ctx context.Context, l *Lease, d time.Duration) error {
 		d = s.cfg.Lease
 	}
 	var until time.Time
-	err := s.pool.QueryRow(ctx, s.sql.extend, l.Consumer, l.Tenant, l.Key, l.Token, d.Microseconds()).Scan(&until)
+	err := s.pool.QueryRow(ctx, s.sql.extend, l.Consumer, l.Tenant, l.stored, l.Token, d.Microseconds()).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("extend lease: %w", ErrLeaseLost)
 	}
@@ -350,9 +341,9 @@ func (s *Store) Extend(ctx context.Context, l *Lease, d time.Duration) error {
 }
 
 // Inspect returns the row of a key (given raw, as the publisher sent it), or
-// ErrNotFound.
-func (s *Store) Inspect(ctx context.Context, consumer, tenant, key string) (*Record, error) {
-	rec, err := s.inspect(ctx, s.pool, consumer, tenant, s.storedKey(key))
+// an error wrapping ErrNotFound.
+func (s *Store) Inspect(ctx context.Context, sc Scope) (*Record, error) {
+	rec, err := s.inspect(ctx, s.pool, sc)
 	if err != nil {
 		return nil, fmt.Errorf("inspect key: %w", err)
 	}
@@ -366,17 +357,21 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) inspect(ctx context.Context, q querier, consumer, tenant, storedKey string) (*Record, error) {
-	rec, err := scanRecord(q.QueryRow(ctx, s.sql.inspect, consumer, tenant, storedKey))
+// inspect reads the row of sc (its key raw).
+func (s *Store) inspect(ctx context.Context, q querier, sc Scope) (*Record, error) {
+	rec, _, err := scanRecord(q.QueryRow(ctx, s.sql.inspect, sc.Consumer, sc.Tenant, s.storedKey(sc.Key)))
 	if err != nil {
 		return nil, interpretError("read key", err)
 	}
+	rec.Key = sc.Key
 	return rec, nil
 }
 
-// scanRecord reads a row of the inspect column list.
-func scanRecord(row pgx.Row) (*Record, error) {
-	rec := &Record{}
+// scanRecord reads a row of the inspect column list. The record's Key is
+// left to the caller, who knows the raw key; stored is the key as the row
+// holds it.
+func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
+	rec = &Record{}
 	var (
 		fp              []byte
 		outcome         *string
@@ -385,13 +380,13 @@ func scanRecord(row pgx.Row) (*Record, error) {
 		recoveryPoint   *string
 		traceID, spanID *string
 	)
-	err := row.Scan(
-		&rec.Consumer, &rec.Tenant, &rec.Key, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
+	err = row.Scan(
+		&rec.Consumer, &rec.Tenant, &stored, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
 		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
 		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt,
 	)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	copy(rec.Fingerprint[:], fp)
 	rec.RecoveryPoint = deref(recoveryPoint)
@@ -402,7 +397,7 @@ func scanRecord(row pgx.Row) (*Record, error) {
 			rec.Result.Code = *code
 		}
 	}
-	return rec, nil
+	return rec, stored, nil
 }
 
 func nullable(s string) *string {

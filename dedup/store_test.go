@@ -124,7 +124,7 @@ func TestKeyReuseAndFieldFingerprints(t *testing.T) {
 		}
 		return f
 	}
-	c := dedup.Claim{Consumer: "payments", Key: "pay-3", Fingerprint: fp(`{"amount":100,"payer":{"account":"A1"},"comment":"first"}`)}
+	c := dedup.Claim{Scope: dedup.Scope{Consumer: "payments", Key: "pay-3"}, Fingerprint: fp(`{"amount":100,"payer":{"account":"A1"},"comment":"first"}`)}
 	r := mustReserve(t, store, c, dedup.Acquired)
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		return store.Complete(ctx, tx, r.Lease, dedup.Result{Outcome: dedup.OutcomeOK})
@@ -158,7 +158,7 @@ func TestExpiredLeaseTakenOverAndOldOwnerCannotCommit(t *testing.T) {
 	mustReserve(t, store, claim("pay-5", "body"), dedup.Busy)
 
 	waitFor(t, 5*time.Second, "lease to expire", func() bool {
-		rec, err := store.Inspect(ctx, "payments", "", "pay-5")
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-5"})
 		return err == nil && !rec.LeaseValid
 	})
 	b := mustReserve(t, store, claim("pay-5", "body"), dedup.Acquired).Lease
@@ -214,7 +214,7 @@ func TestExtendKeepsLeaseValid(t *testing.T) {
 	if !l.LockedUntil.After(before.Add(50 * time.Minute)) {
 		t.Fatalf("locked until %s, want about an hour after %s", l.LockedUntil, before)
 	}
-	rec, err := store.Inspect(ctx, "payments", "", "pay-6")
+	rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-6"})
 	if err != nil || !rec.LeaseValid {
 		t.Fatalf("inspect after extend: %+v, %v", rec, err)
 	}
@@ -228,7 +228,7 @@ func TestReleaseLetsNextReserveTakeOver(t *testing.T) {
 	if err := store.Release(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := store.Inspect(ctx, "payments", "", "pay-7")
+	rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-7"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestReleaseLetsNextReserveTakeOver(t *testing.T) {
 	if next.Attempts != 2 || !next.TakenOver {
 		t.Fatalf("after release: attempts %d, taken over %v; want 2, true", next.Attempts, next.TakenOver)
 	}
-	rec2, _ := store.Inspect(ctx, "payments", "", "pay-7")
+	rec2, _ := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-7"})
 	if !rec2.CreatedAt.Equal(rec.CreatedAt) {
 		t.Fatalf("created_at changed on takeover: %s → %s", rec.CreatedAt, rec2.CreatedAt)
 	}
@@ -277,7 +277,7 @@ func TestStepsResumeAfterCrash(t *testing.T) {
 	}
 	// The worker is gone; its lease expires and another takes over.
 	waitFor(t, 5*time.Second, "lease to expire", func() bool {
-		rec, err := store.Inspect(ctx, "payments", "", "pay-8")
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-8"})
 		return err == nil && !rec.LeaseValid
 	})
 	second := mustReserve(t, store, claim("pay-8", "b"), dedup.Acquired).Lease
@@ -368,8 +368,14 @@ func TestHashedKeysKeepRawKeysOutOfTheTable(t *testing.T) {
 	if n != 0 {
 		t.Fatal("raw key stored despite HashKeys")
 	}
-	if rec, err := store.Inspect(ctx, "payments", "", raw); err != nil || rec.State != dedup.StateCompleted {
+	rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: raw})
+	if err != nil || rec.State != dedup.StateCompleted {
 		t.Fatalf("inspect by raw key: %+v, %v", rec, err)
+	}
+	// The scope keeps the raw key: a derived key is the same whether the
+	// store hashes keys or not.
+	if l.Key != raw || rec.Key != raw || l.DerivedKey("s") != (dedup.Scope{Consumer: "payments", Key: raw}).DerivedKey("s") {
+		t.Fatalf("scope of the lease %+v, of the record %+v: want the raw key", l.Scope, rec.Scope)
 	}
 }
 

@@ -160,7 +160,7 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// Wait until every case is settled: a received row or a dead letter.
-	topo := consumer.NewTopology(&cfg)
+	topo := consumer.NewTopology(cfg.TopologyConfig())
 	conn := testamqp.Dial(t)
 	ch, err := conn.Channel()
 	if err != nil {

@@ -272,7 +272,7 @@ func TestAMQPTLSConfigReachesTheDialer(t *testing.T) {
 			MinVersion:   tls.VersionTLS12,
 		}},
 	}
-	if err := consumer.Apply(&cfg); err == nil {
+	if err := consumer.Apply(t.Context(), cfg.URL, cfg.TopologyConfig()); err == nil {
 		t.Fatal("apply against a TLS listener that speaks no AMQP succeeded")
 	}
 	select {
@@ -405,7 +405,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 
 	t.Run("consumer, closed port", func(t *testing.T) {
 		cfg := consumer.Config{URL: amqpURL(closedPort(t), amqpSecret), Queue: "redact", Name: "redact", Logger: logs.logger()}
-		if err := consumer.Apply(&cfg); err == nil {
+		if err := consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err == nil {
 			t.Fatal("apply against a closed port succeeded")
 		} else {
 			assertNoSecret(t, "consumer.Apply error", err.Error(), secrets...)
@@ -450,7 +450,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = store.Reserve(ctx, dedup.Claim{Consumer: "c", Key: "k"})
+		_, err = store.Reserve(ctx, dedup.Claim{Scope: dedup.Scope{Consumer: "c", Key: "k"}})
 		if err == nil {
 			t.Fatal("reserve against a closed port succeeded")
 		}
@@ -685,12 +685,12 @@ func TestTenantIsolationEndToEnd(t *testing.T) {
 	}
 	// Each tenant reads only its own row, with its own response.
 	for _, tn := range []string{"tenant-a", "tenant-b"} {
-		rec, err := e.Store.Inspect(ctx, "payments", tn, "shared-op")
+		rec, err := e.Store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: tn, Key: "shared-op"})
 		if err != nil || rec.Tenant != tn || string(rec.Result.Response) != "for "+tn {
 			t.Fatalf("inspect %s: %+v, %v", tn, rec, err)
 		}
 	}
-	if _, err := e.Store.Inspect(ctx, "payments", "tenant-c", "shared-op"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := e.Store.Inspect(ctx, dedup.Scope{Consumer: "payments", Tenant: "tenant-c", Key: "shared-op"}); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("inspect from tenant-c: %v, want ErrNotFound", err)
 	}
 

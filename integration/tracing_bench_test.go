@@ -177,7 +177,7 @@ func BenchmarkSpanCost(b *testing.B) {
 						attribute.String("messaging.operation.type", "process"),
 						attribute.String("messaging.destination.name", "orders"),
 						attribute.String("messaging.rabbitmq.destination.routing_key", "orders"),
-						attribute.String("messaging.consumer.group.name", "payments"),
+						attribute.String("idemq.consumer", "payments"),
 						attribute.Int("messaging.message.body.size", 64),
 						attribute.Int("idemq.attempt", 1),
 					))

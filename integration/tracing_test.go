@@ -87,7 +87,7 @@ func testDuplicateLink(t *testing.T, j *jaeger) {
 	for key, val := range map[string]string{
 		"idemq.outcome": "processed", "span.kind": "consumer", "messaging.system": "rabbitmq",
 		"messaging.destination.name": cfg.Queue, "messaging.operation.type": "process",
-		"messaging.consumer.group.name": "payments", "idemq.attempt": "1", "idemq.key_hash": orig.KeyHash,
+		"idemq.consumer": "payments", "idemq.attempt": "1", "idemq.key_hash": orig.KeyHash,
 	} {
 		if got, _ := process.tag(key); got != val {
 			t.Errorf("original process span: tag %s = %q, want %q", key, got, val)

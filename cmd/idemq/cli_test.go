@@ -212,7 +212,7 @@ func TestGC(t *testing.T) {
 	}
 	for _, key := range []string{"old-1", "old-2"} {
 		fp, _ := dedup.BodyFingerprint([]byte(key))
-		res, err := store.Reserve(ctx, dedup.Claim{Consumer: "gc", Key: key, Fingerprint: fp})
+		res, err := store.Reserve(ctx, dedup.Claim{Scope: dedup.Scope{Consumer: "gc", Key: key}, Fingerprint: fp})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func TestKeysInspect(t *testing.T) {
 		}
 		key := fmt.Sprintf("order-42-%v", hashed)
 		fp, _ := dedup.BodyFingerprint([]byte("body"))
-		res, err := store.Reserve(ctx, dedup.Claim{Consumer: "charge", Tenant: "acme", Key: key, Fingerprint: fp,
+		res, err := store.Reserve(ctx, dedup.Claim{Scope: dedup.Scope{Consumer: "charge", Tenant: "acme", Key: key}, Fingerprint: fp,
 			TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7"})
 		if err != nil {
 			t.Fatal(err)
@@ -266,7 +266,7 @@ func TestKeysInspect(t *testing.T) {
 			args = append(args, "--hashed")
 		}
 		r := mustRun(t, env(schema), args...)
-		for _, want := range []string{"state:", "in_progress", "lease:", "valid, locked until", "key hash:", dedup.KeyHash("charge", "acme", key)} {
+		for _, want := range []string{"state:", "in_progress", "lease:", "valid, locked until", "key hash:", dedup.Scope{Consumer: "charge", Tenant: "acme", Key: key}.KeyHash()} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("in progress: want %q in:\n%s", want, r.stdout)
 			}

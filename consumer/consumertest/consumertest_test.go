@@ -139,7 +139,7 @@ func TestStepsResumeAfterAFailedRun(t *testing.T) {
 	if got := f.effects(t, "order-1"); fmt.Sprint(got) != "[stock reserved charged receipt]" {
 		t.Fatalf("effects %q: the first step must not run again", got)
 	}
-	want := dedup.DerivedKey("payments", "", "order-1", "charge")
+	want := dedup.Scope{Consumer: "payments", Key: "order-1"}.DerivedKey("charge")
 	if len(gatewayKeys) != 2 || gatewayKeys[0] != want || gatewayKeys[1] != want {
 		t.Fatalf("gateway keys %q, want %s twice", gatewayKeys, want)
 	}

@@ -174,7 +174,7 @@ func (r *Runner) Run(tb testing.TB, msg amqp.Publishing) *Result {
 		}
 	}
 	if cl := run.Claim; cl.Key != "" {
-		rec, err := r.store.Inspect(ctx, cl.Consumer, cl.Tenant, cl.Key)
+		rec, err := r.store.Inspect(ctx, cl.Scope)
 		switch {
 		case errors.Is(err, dedup.ErrNotFound):
 		case err != nil:

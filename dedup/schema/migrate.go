@@ -235,7 +235,7 @@ func Version(ctx context.Context, pool *pgxpool.Pool, schema string) (applied, k
 
 // ErrNotMigrated means a schema lacks migrations this build needs: run
 // Migrate (or `idemq migrate`).
-var ErrNotMigrated = errors.New("schema not migrated")
+var ErrNotMigrated = errors.New("the schema is not migrated")
 
 // Check reports whether schema ("" means Default) is migrated as far as
 // this build needs: a schema never migrated, or one an older idemq left

@@ -247,7 +247,9 @@ func TestEmptyNameIsTheDefaultSchema(t *testing.T) {
 	}
 	a1, k1, err1 := schema.Version(ctx, pool, "")
 	a2, k2, err2 := schema.Version(ctx, pool, schema.Default)
-	if err1 != nil || err2 != nil || a1 != a2 || k1 != k2 || a1 != k1 {
+	// The default schema of the shared test database may have been migrated
+	// by a newer build (a schema newer than this build is left alone).
+	if err1 != nil || err2 != nil || a1 != a2 || k1 != k2 || a1 < k1 {
 		t.Fatalf(`version "" = %d of %d (%v), version %q = %d of %d (%v)`, a1, k1, err1, schema.Default, a2, k2, err2)
 	}
 }

@@ -247,8 +247,8 @@ CREATE TABLE `+sch+`.stats (
 	ccfg := s.workerT.consumerConfig()
 	ccfg.URL = s.svc.amqpURL
 	ccfg.ConnectionName = "idemq-chaos-" + s.runID + "-setup"
-	s.topo = consumer.NewTopology(&ccfg)
-	if err := consumer.Apply(&ccfg); err != nil {
+	s.topo = consumer.NewTopology(ccfg.TopologyConfig())
+	if err := consumer.Apply(context.Background(), ccfg.URL, ccfg.TopologyConfig()); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}
 	s.insp = newInspector(s.svc.amqpURL, s.topo, s.outQ, s.twinQ)

@@ -40,16 +40,16 @@ import (
 var (
 	// ErrUnroutable: the broker returned the message (mandatory publish, no
 	// queue took it).
-	ErrUnroutable = errors.New("unroutable: returned by the broker")
+	ErrUnroutable = errors.New("the broker returned the message as unroutable")
 	// ErrNacked: the broker refused the message (basic.nack).
-	ErrNacked = errors.New("nacked by the broker")
+	ErrNacked = errors.New("the broker nacked the message")
 	// ErrClosed: the channel closed before the broker confirmed the message;
 	// its fate is unknown.
-	ErrClosed = errors.New("channel closed before the broker confirmed")
+	ErrClosed = errors.New("the channel closed before the broker confirmed the message")
 	// ErrTooLarge: the message's properties do not fit in one frame of the
 	// negotiated frame_max; sending it would make the broker close the
 	// connection. It was not sent.
-	ErrTooLarge = errors.New("properties too large for the negotiated frame_max")
+	ErrTooLarge = errors.New("the message's properties do not fit the negotiated frame_max")
 )
 
 // listenerBuffer is the depth of the return and confirm channels handed to

@@ -68,13 +68,13 @@ func (e *Env) ConsumerConfig(prefix, name string) (consumer.Config, <-chan consu
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome:       func(ev consumer.Event) { events <- ev },
 	}
-	topo := consumer.NewTopology(&cfg)
+	topo := consumer.NewTopology(cfg.TopologyConfig())
 	queues := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))
 	}
 	testamqp.DeleteQueuesAtCleanup(e.TB, queues, []string{topo.DLX})
-	if err := consumer.Apply(&cfg); err != nil {
+	if err := consumer.Apply(e.TB.Context(), cfg.URL, cfg.TopologyConfig()); err != nil {
 		e.TB.Fatalf("apply topology: %v", err)
 	}
 	return cfg, events

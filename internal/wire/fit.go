@@ -112,7 +112,7 @@ func DeathReserve(dlx string, queues []string) int {
 	deaths := make([]any, 0, len(queues))
 	for _, q := range queues {
 		deaths = append(deaths, amqp.Table{
-			"count": int64(1 << 62), "reason": "delivery_limit", "queue": q, "time": time.Unix(1<<40, 0),
+			"count": int64(1 << 62), "reason": ReasonDeliveryLimit, "queue": q, "time": time.Unix(1<<40, 0),
 			"exchange": dlx, "routing-keys": []any{q}, "original-expiration": "4294967295",
 		})
 	}
@@ -120,7 +120,7 @@ func DeathReserve(dlx string, queues []string) int {
 	for _, prefix := range []string{FirstDeathPrefix, LastDeathPrefix} {
 		h[prefix+"exchange"] = dlx
 		h[prefix+"queue"] = queues[len(queues)-1]
-		h[prefix+"reason"] = "delivery_limit"
+		h[prefix+"reason"] = ReasonDeliveryLimit
 	}
 	n, err := fieldtable.Size(h)
 	if err != nil {

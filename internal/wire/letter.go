@@ -6,9 +6,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// ReasonUnknown is the reason of a dead letter that carries none.
-const ReasonUnknown = "unknown"
-
 // Letter is what a dead letter says about itself (idemq dlq list prints it,
 // with these JSON names).
 type Letter struct {

@@ -495,7 +495,7 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, que
 	}
 	defer ch.Close()
 	cfg := benchConsumerConfig(queue)
-	topo := consumer.NewTopology(&cfg)
+	topo := consumer.NewTopology(cfg.TopologyConfig())
 	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return err
@@ -680,7 +680,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 // on a channel of its own (a failed delete closes its channel).
 func cleanupQueue(conn *amqp.Connection, queue string) {
 	cfg := benchConsumerConfig(queue)
-	topo := consumer.NewTopology(&cfg)
+	topo := consumer.NewTopology(cfg.TopologyConfig())
 	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
 		deleteQueue(conn, q)
 	}

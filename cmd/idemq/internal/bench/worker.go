@@ -264,7 +264,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	track := func(d *consumer.Delivery) {
 		if _, ok := d.Headers[headerSent]; ok {
 			sentMu.Lock()
-			sent[dedup.KeyHash("bench", d.Tenant, d.Key)] = d.Headers
+			sent[dedup.Scope{Consumer: "bench", Tenant: d.Tenant, Key: d.Key}.KeyHash()] = d.Headers
 			sentMu.Unlock()
 		}
 	}

@@ -33,7 +33,7 @@ func TestCause(t *testing.T) {
 
 func TestReportTraceLink(t *testing.T) {
 	now := time.Now()
-	rec := &dedup.Record{Consumer: "c", State: dedup.StateCompleted, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", CreatedAt: now}
+	rec := &dedup.Record{Scope: dedup.Scope{Consumer: "c"}, State: dedup.StateCompleted, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", CreatedAt: now}
 	r := report(rec, "h", false, "http://jaeger:16686/")
 	if r.TraceURL != "http://jaeger:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Errorf("trace url %q", r.TraceURL)

@@ -15,14 +15,16 @@ import (
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
+	"github.com/idemq/idemq/consumer"
 )
 
 func (a *app) dlqCommand() *cobra.Command {
 	return group("dlq", "List and replay the dead letters of a work queue", `Dead letters of work queue Q are in Q.dlq. Those dead-lettered by idemq carry
-x-idemq-reason (idempotency_key_required, idempotency_key_invalid,
-idempotency_key_reuse, permanent_error, max_attempts_exceeded); those the broker
-dead-lettered itself carry x-death (delivery_limit when a message kept crashing
-its workers).`, a.dlqListCommand(), a.dlqReplayCommand())
+x-idemq-reason (`+consumer.ReasonKeyRequired+`, `+consumer.ReasonKeyInvalid+`,
+`+consumer.ReasonKeyReuse+`, `+consumer.ReasonPermanentError+`, `+consumer.ReasonMaxAttemptsExceeded+`,
+`+consumer.ReasonHeadersTooLarge+`); those the broker dead-lettered itself carry
+x-death (`+consumer.ReasonDeliveryLimit+` when a message kept crashing its workers;
+`+consumer.ReasonExpired+`, `+consumer.ReasonMaxLen+`, `+consumer.ReasonRejected+`).`, a.dlqListCommand(), a.dlqReplayCommand())
 }
 
 func (a *app) dlqListCommand() *cobra.Command {

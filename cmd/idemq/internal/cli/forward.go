@@ -159,7 +159,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	}
 	f := cmd.Flags()
 	t.register(f)
-	f.StringVar(&name, "consumer", "", "stable name of this stage: keys are unique per (consumer, tenant, key) (required)")
+	f.StringVar(&name, "consumer", "", "stable name of this stage (its consumer.Config.Name): keys are unique per (consumer, tenant, key) (required)")
 	f.StringVar(&toExchange, "to-exchange", "", "exchange the messages are forwarded to; \"\" is the default exchange (required)")
 	f.StringVar(&toRoutingKey, "to-routing-key", "", "routing key of the forwarded messages (default: the one each message was first published with)")
 	f.IntVar(&concurrency, "concurrency", consumer.DefaultConcurrency, "messages handled at once")

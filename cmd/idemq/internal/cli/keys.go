@@ -84,14 +84,15 @@ short hash is. Exits 1 with "key not found" when the key has no row.`,
 			if err != nil {
 				return err
 			}
-			rec, err := store.Inspect(ctx, name, tenant, key)
+			scope := dedup.Scope{Consumer: name, Tenant: tenant, Key: key}
+			rec, err := store.Inspect(ctx, scope)
 			if errors.Is(err, dedup.ErrNotFound) {
 				return errors.New("key not found")
 			}
 			if err != nil {
 				return err
 			}
-			r := report(rec, dedup.KeyHash(name, tenant, key), hashed, a.getenv("IDEMQ_JAEGER_URL"))
+			r := report(rec, scope.KeyHash(), hashed, a.getenv("IDEMQ_JAEGER_URL"))
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
@@ -102,7 +103,7 @@ short hash is. Exits 1 with "key not found" when the key has no row.`,
 		}),
 	}
 	f := inspect.Flags()
-	f.StringVar(&name, "consumer", "", "the consumer (stage) name whose scope holds the key (required)")
+	f.StringVar(&name, "consumer", "", "the consumer (stage) name whose scope holds the key: its consumer.Config.Name, the --consumer of forward (required)")
 	f.StringVar(&tenant, "tenant", "", "the tenant of the key (default: the default tenant, empty)")
 	f.BoolVar(&hashed, "hashed", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")

@@ -54,15 +54,30 @@ func (t *topologyFlags) validate() error {
 	return nil
 }
 
-// apply copies the flags into a consumer config.
+// config is the topology the flags shape.
+func (t *topologyFlags) config() consumer.TopologyConfig {
+	return consumer.TopologyConfig{
+		Queue:           t.queue,
+		MaxAttempts:     t.maxAttempts,
+		RetryInitial:    t.retryInitial,
+		RetryMultiplier: t.retryMultiplier,
+		RetryMax:        t.retryMax,
+		DeliveryLimit:   t.deliveryLimit,
+		ClassicQueues:   t.classic,
+	}
+}
+
+// apply copies the flags into a consumer config, whose consumer then
+// declares the same topology as `topology apply` with these flags.
 func (t *topologyFlags) apply(c *consumer.Config) {
-	c.Queue = t.queue
-	c.MaxAttempts = t.maxAttempts
-	c.RetryInitial = t.retryInitial
-	c.RetryMultiplier = t.retryMultiplier
-	c.RetryMax = t.retryMax
-	c.DeliveryLimit = t.deliveryLimit
-	c.ClassicQueues = t.classic
+	tc := t.config()
+	c.Queue = tc.Queue
+	c.MaxAttempts = tc.MaxAttempts
+	c.RetryInitial = tc.RetryInitial
+	c.RetryMultiplier = tc.RetryMultiplier
+	c.RetryMax = tc.RetryMax
+	c.DeliveryLimit = tc.DeliveryLimit
+	c.ClassicQueues = tc.ClassicQueues
 }
 
 func (a *app) topologyCommand() *cobra.Command {
@@ -89,9 +104,7 @@ the same topology on connect, so give them the same flags.`,
 			if err := t.validate(); err != nil {
 				return err
 			}
-			var cfg consumer.Config
-			t.apply(&cfg)
-			topo := consumer.NewTopology(&cfg)
+			topo := consumer.NewTopology(t.config())
 			conn, err := a.dialAMQP("idemq-topology-apply")
 			if err != nil {
 				return err
@@ -120,13 +133,13 @@ the same topology on connect, so give them the same flags.`,
 
 func printTopology(a *app, topo consumer.Topology) {
 	kind := "quorum"
-	if topo.Classic {
+	if topo.ClassicQueues {
 		kind = "classic"
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "queue\t%s\twork queue (%s", topo.Queue, kind)
-	if !topo.Classic {
-		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLim)
+	if !topo.ClassicQueues {
+		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLimit)
 	}
 	fmt.Fprintf(w, ", dead-letters to %s)\n", topo.DLX)
 	for _, d := range topo.Delays {

@@ -81,7 +81,7 @@ func (r *runner) run(ctx context.Context) (Report, error) {
 		return Report{}, fmt.Errorf("demo: %w", err)
 	}
 	r.cfg = consumerConfig(o.AMQPURL, o.Queue)
-	r.topo = consumer.NewTopology(r.cfg)
+	r.topo = consumer.NewTopology(r.cfg.TopologyConfig())
 	if err := resetTopology(r.conn, r.cfg); err != nil {
 		return Report{}, fmt.Errorf("demo: %w", err)
 	}

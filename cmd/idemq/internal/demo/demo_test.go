@@ -170,7 +170,7 @@ func TestRefusesForeignSchema(t *testing.T) {
 // cleanup drops the test's schema and queues when it ends (the tiers of
 // the demo's retry policy: 200ms ×2, 4 attempts).
 func cleanup(t *testing.T, schema, queue string) {
-	topo := consumer.NewTopology(&consumer.Config{Queue: queue, RetryInitial: 200 * time.Millisecond, RetryMultiplier: 2, MaxAttempts: 4})
+	topo := consumer.NewTopology(consumer.TopologyConfig{Queue: queue, RetryInitial: 200 * time.Millisecond, RetryMultiplier: 2, MaxAttempts: 4})
 	queues := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))

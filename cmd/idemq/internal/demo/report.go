@@ -217,7 +217,7 @@ func (r *runner) traceLink(ctx context.Context, rep *Report) error {
 	s := pgx.Identifier{r.o.Schema}.Sanitize()
 	var burstHashes []string
 	for _, k := range r.plan.Bursts {
-		burstHashes = append(burstHashes, dedup.KeyHash(consumerName, "", k))
+		burstHashes = append(burstHashes, dedup.Scope{Consumer: consumerName, Key: k}.KeyHash())
 	}
 	rows, err := r.pool.Query(ctx, `SELECT trace_id, original_trace_id FROM `+s+`.events
 WHERE outcome = 'duplicate' AND trace_id <> '' AND original_trace_id <> ''

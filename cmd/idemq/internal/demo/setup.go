@@ -135,23 +135,24 @@ func queueNames(t consumer.Topology) (work string, tiers []string, dlq string) {
 }
 
 // resetTopology deletes the demo's queues and exchange, then declares them
-// afresh (consumer.Apply), so that nothing from an earlier run remains.
+// afresh (Topology.Declare), so that nothing from an earlier run remains.
 func resetTopology(conn *amqp.Connection, cfg *consumer.Config) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("reset queues: open channel: %w", err)
 	}
 	defer ch.Close()
-	work, tiers, dlq := queueNames(consumer.NewTopology(cfg))
+	topo := consumer.NewTopology(cfg.TopologyConfig())
+	work, tiers, dlq := queueNames(topo)
 	for _, q := range append([]string{work, dlq}, tiers...) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return fmt.Errorf("reset queues: delete %s: %w", q, err)
 		}
 	}
-	if err := ch.ExchangeDelete(consumer.NewTopology(cfg).DLX, false, false); err != nil {
+	if err := ch.ExchangeDelete(topo.DLX, false, false); err != nil {
 		return fmt.Errorf("reset queues: delete exchange: %w", err)
 	}
-	if err := consumer.Apply(cfg); err != nil {
+	if err := topo.Declare(ch); err != nil {
 		return fmt.Errorf("declare queues: %w", err)
 	}
 	return nil

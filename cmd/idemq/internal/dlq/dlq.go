@@ -24,7 +24,8 @@
 // its x-idemq-reason header, written by the idemq consumer, else for a
 // message the broker dead-lettered itself (the work queue's
 // x-delivery-limit, a TTL, a length limit) the reason of the latest x-death
-// entry: delivery_limit, expired, maxlen or rejected.
+// entry: delivery_limit, expired, maxlen or rejected. The words are the
+// consumer package's Reason* constants.
 package dlq
 
 import (

@@ -45,13 +45,13 @@ func TestStageForwardsHeadersUnchanged(t *testing.T) {
 		ConnectionName: "idemq-test-" + queue, ShutdownTimeout: 10 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	topo := consumer.NewTopology(&ccfg)
+	topo := consumer.NewTopology(ccfg.TopologyConfig())
 	queues := []string{topo.Queue, topo.DLQ, out}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))
 	}
 	testamqp.DeleteQueuesAtCleanup(t, queues, []string{topo.DLX, exchange})
-	if err := consumer.Apply(&ccfg); err != nil {
+	if err := consumer.Apply(ctx, ccfg.URL, ccfg.TopologyConfig()); err != nil {
 		t.Fatalf("apply topology: %v", err)
 	}
 	conn := testamqp.Dial(t)

@@ -53,14 +53,14 @@ func runStage(t *testing.T, mod func(*consumer.Config)) *stageEnv {
 	if mod != nil {
 		mod(&cfg)
 	}
-	topo := consumer.NewTopology(&cfg)
+	topo := consumer.NewTopology(cfg.TopologyConfig())
 	queues := []string{topo.Queue, topo.DLQ}
 	for _, d := range topo.Delays {
 		queues = append(queues, topo.TierName(d))
 	}
 	exchange, sink := queue+".out", queue+".sink"
 	testamqp.DeleteQueuesAtCleanup(t, append(queues, sink), []string{topo.DLX, exchange})
-	if err := consumer.Apply(&cfg); err != nil {
+	if err := consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err != nil {
 		t.Fatalf("apply topology: %v", err)
 	}
 	conn := testamqp.Dial(t)
