@@ -159,7 +159,7 @@ func storedResult(resp Response, err error) (dedup.Result, error) {
 	case err == nil:
 		return dedup.Result{Outcome: dedup.OutcomeOK, Code: resp.Code, Response: resp.Body}, nil
 	case errors.As(err, &rej):
-		return dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Response: rej.Response.Body}, nil
+		return dedup.Result{Outcome: dedup.OutcomeRejected, Code: rej.Response.Code, Reason: rej.Reason, Response: rej.Response.Body}, nil
 	}
 	return dedup.Result{}, err
 }

@@ -29,6 +29,16 @@ const (
 	HeaderSignature = wire.HeaderSignature
 )
 
+// Headers of a reply, sent to a delivery's reply_to with the stored result
+// by its first processing and by every duplicate (docs/consumer.md,
+// "Replies"): the outcome ("ok" or "rejected"), the response code (int32)
+// and, on a rejection, the reason given to Reject. The body is the response.
+const (
+	HeaderOutcome        = wire.HeaderOutcome
+	HeaderResponseCode   = wire.HeaderResponseCode
+	HeaderResponseReason = wire.HeaderResponseReason
+)
+
 // keyOf returns the delivery's idempotency key: from Config.KeyFunc when
 // set; else as its publisher wrote it (wire.ReadKey: message_id, else the
 // key header). A key header that is not a string is an error wrapping

@@ -34,6 +34,10 @@ type Event struct {
 	Outcome Outcome
 	// Reason is the dead-letter reason (a Reason* word), for dead letters.
 	Reason string
+	// RejectReason is the reason the handler gave to Reject, for a
+	// rejection and for a duplicate of one (which receives the stored
+	// rejection).
+	RejectReason string
 	// KeyHash is a short hash of the scoped key (never the raw key).
 	KeyHash string
 	Tenant  string

@@ -139,6 +139,9 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 	case dedup.Duplicate:
 		it.ev.Outcome = OutcomeDuplicate
 		it.ev.OriginalTraceID = res.Record.TraceID
+		if r := res.Record.Result; r != nil && r.Outcome == dedup.OutcomeRejected {
+			it.ev.RejectReason = r.Reason
+		}
 		c.markDuplicate(ctx, it.span, res.Record)
 		it.ev.ReplyErr = c.reply(s, it, res.Record.Result)
 		c.ack(s, it)

@@ -51,3 +51,24 @@ const (
 	// ReasonUnknown: the dead letter names no reason at all.
 	ReasonUnknown = wire.ReasonUnknown
 )
+
+// Reasons returns every reason a dead letter of Q.dlq can be read with, in
+// a fixed order: those idemq writes in x-idemq-reason, then those RabbitMQ
+// writes in x-death when it dead-letters a message itself, then the reason
+// of a dead letter that names none. It is what `idemq dlq replay --reason`
+// accepts.
+func Reasons() []string {
+	return []string{
+		ReasonPermanentError,
+		ReasonMaxAttemptsExceeded,
+		ReasonKeyRequired,
+		ReasonKeyInvalid,
+		ReasonKeyReuse,
+		ReasonHeadersTooLarge,
+		ReasonDeliveryLimit,
+		ReasonExpired,
+		ReasonMaxLen,
+		ReasonRejected,
+		ReasonUnknown,
+	}
+}

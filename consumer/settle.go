@@ -37,7 +37,7 @@ const copyFailedPause = time.Second
 // the stored result goes to reply_to (if asked), then the ack.
 func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
 	if r.Outcome == dedup.OutcomeRejected {
-		it.ev.Outcome = OutcomeRejected
+		it.ev.Outcome, it.ev.RejectReason = OutcomeRejected, r.Reason
 	} else {
 		it.ev.Outcome = OutcomeProcessed
 	}
@@ -55,14 +55,16 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 	if !bystander {
 		defer c.logFailure("handler failed", it, herr)
 	}
-	switch {
-	case errors.Is(herr, dedup.ErrLeaseLost):
+	if errors.Is(herr, dedup.ErrLeaseLost) {
 		// Another worker owns the key now; its outcome stands. Come back
 		// later: by then the key is completed (a duplicate) or free again.
 		it.ev.Outcome = OutcomeLeaseLost
 		c.retryLater(s, it, c.topo.tierFor(1), herr)
-	case IsPermanent(herr):
-		c.deadLetter(s, it, ReasonPermanentError, herr)
+		return
+	}
+	switch reason := c.releaseReason(it, herr, bystander); {
+	case reason != string(OutcomeRetried):
+		c.deadLetter(s, it, reason, herr)
 	case bystander:
 		it.ev.Outcome = OutcomeRetried
 		c.retryLater(s, it, c.topo.tierFor(1), herr)
@@ -118,14 +120,37 @@ func failureKind(err error) string {
 	return "handler_error"
 }
 
+// releaseReason is where a failed run (its lease not lost) goes, in the
+// word its key is released with: the dead-letter reason (permanent_error,
+// max_attempts_exceeded), else the outcome retried. A bystander retries
+// without counting an attempt.
+func (c *Consumer) releaseReason(it *item, herr error, bystander bool) string {
+	switch {
+	case IsPermanent(herr):
+		return ReasonPermanentError
+	case bystander:
+		return string(OutcomeRetried)
+	case it.attempt >= c.cfg.MaxAttempts:
+		return ReasonMaxAttemptsExceeded
+	}
+	return string(OutcomeRetried)
+}
+
 // releaseFailed releases, with one statement bounded by StoreTimeout, the
 // keys of the items whose run did not commit (a lost lease has nothing to
-// release), so that their retries take them over at once.
+// release), so that their retries take them over at once. Each key is
+// released with the reason settleFailure then routes its delivery by, so
+// that a key given up on reads as released by permanent_error or
+// max_attempts_exceeded.
 func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []groupResult) {
-	var leases []*dedup.Lease
+	var (
+		leases  []*dedup.Lease
+		reasons []string
+	)
 	for i, it := range items {
-		if err := results[i].err; err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		if r := results[i]; r.err != nil && !errors.Is(r.err, dedup.ErrLeaseLost) {
 			leases = append(leases, it.lease)
+			reasons = append(reasons, c.releaseReason(it, r.err, r.bystander))
 		}
 	}
 	if len(leases) == 0 {
@@ -133,7 +158,7 @@ func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []g
 	}
 	sctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	if _, err := c.store.ReleaseBatch(sctx, leases); err != nil {
+	if _, err := c.store.ReleaseBatch(sctx, leases, reasons); err != nil {
 		c.log.Warn("release keys failed; the leases will expire", "keys", len(leases), "err", redact.Error(err))
 	}
 }
@@ -250,9 +275,10 @@ func (c *Consumer) ack(s *session, it *item) {
 	}
 }
 
-// reply sends the stored response to reply_to, when the message asks for one.
-// Best effort: a lost reply is recovered by resending the request, which
-// gets the stored response again.
+// reply sends the stored response to reply_to, when the message asks for one
+// (the format: docs/consumer.md, "Replies"). The first processing and every
+// duplicate send the same reply. Best effort: a lost reply is recovered by
+// resending the request, which gets the stored response again.
 func (c *Consumer) reply(s *session, it *item, r *dedup.Result) error {
 	d := it.d
 	if d.ReplyTo == "" || r == nil || c.cfg.NoReply {
@@ -264,6 +290,9 @@ func (c *Consumer) reply(s *session, it *item, r *dedup.Result) error {
 		DeliveryMode:  amqp.Persistent,
 		Body:          r.Response,
 		Headers:       amqp.Table{wire.HeaderOutcome: string(r.Outcome), wire.HeaderResponseCode: int32(r.Code)},
+	}
+	if r.Outcome == dedup.OutcomeRejected {
+		msg.Headers[wire.HeaderResponseReason] = r.Reason
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(it.ctx), c.cfg.PublishTimeout)
 	defer cancel()

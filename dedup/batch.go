@@ -245,18 +245,22 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 
 // ReleaseBatch releases many keys with one statement, with the semantics
 // and fencing of Release, and returns the leases that were already lost.
-func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease) (lost []*Lease, err error) {
+// reasons[i] is the reason of leases[i] (see Release).
+func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []string) (lost []*Lease, err error) {
+	if len(leases) != len(reasons) {
+		return nil, fmt.Errorf("release keys: %d leases, %d reasons", len(leases), len(reasons))
+	}
 	if len(leases) == 0 {
 		return nil, nil
 	}
 	n := len(leases)
-	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
+	consumers, tenants, keys, tokens, why := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n), make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
 	for i, l := range leases {
-		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
+		consumers[i], tenants[i], keys[i], tokens[i], why[i] = l.Consumer, l.Tenant, l.stored, l.Token, nullable(reasons[i])
 		pending[l.Token] = l
 	}
-	rows, err := s.pool.Query(ctx, s.sql.releaseBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens)
+	rows, err := s.pool.Query(ctx, s.sql.releaseBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, why)
 	if err != nil {
 		return nil, interpretError("release keys", err)
 	}
@@ -289,7 +293,7 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 	}
 	n := len(leases)
 	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	tokens, codes, responses := make([][16]byte, n), make([]int32, n), make([][]byte, n)
+	tokens, codes, responses, reasons := make([][16]byte, n), make([]int32, n), make([][]byte, n), make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
 	for i, l := range leases {
 		r := results[i]
@@ -297,10 +301,10 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 			return nil, fmt.Errorf("complete keys: unknown outcome %q", r.Outcome)
 		}
 		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
-		outcomes[i], codes[i], responses[i] = string(r.Outcome), int32(r.Code), r.Response
+		outcomes[i], codes[i], responses[i], reasons[i] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
 		pending[l.Token] = l
 	}
-	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses)
+	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons)
 	if err != nil {
 		return nil, interpretError("complete keys", err)
 	}

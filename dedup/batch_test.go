@@ -29,7 +29,7 @@ func TestReserveBatchClassifiesEachRow(t *testing.T) {
 	expiring.Lease = 100 * time.Millisecond
 	mustReserve(t, store, expiring, dedup.Acquired)
 	rel := mustReserve(t, store, claim("released", "b"), dedup.Acquired).Lease
-	if err := store.Release(ctx, rel); err != nil {
+	if err := store.Release(ctx, rel, "retried"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "lease to expire", func() bool {

@@ -19,6 +19,11 @@
 // worker whose lease was taken over touches no row, gets ErrLeaseLost, and
 // its transaction rolls back, so its effects never commit, however slow it was.
 //
+// Inspect reads a key's row. A row its holder gave up on (Release, with the
+// reason it was given up for) reads as released (Record.Released,
+// Record.ReleaseReason) until the next reservation takes it over; a
+// rejection's reason is stored with its code and response (Result.Reason).
+//
 // # Scope, keys and fingerprints
 //
 // A key is unique per (consumer, tenant, key): a Scope, which Claim, Lease

@@ -23,7 +23,7 @@ func TestReleaseBatch(t *testing.T) {
 			stale := *held
 			stale.Token = [16]byte{1}
 
-			lost, err := store.ReleaseBatch(ctx, []*dedup.Lease{b, &stale, a})
+			lost, err := store.ReleaseBatch(ctx, []*dedup.Lease{b, &stale, a}, []string{"retried", "retried", "retried"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -37,7 +37,7 @@ func TestReleaseBatch(t *testing.T) {
 				}
 			}
 			mustReserve(t, store, claim("rel-c", "b"), dedup.Busy)
-			if lost, err := store.ReleaseBatch(ctx, nil); err != nil || lost != nil {
+			if lost, err := store.ReleaseBatch(ctx, nil, nil); err != nil || lost != nil {
 				t.Fatalf("empty release: %v %v", lost, err)
 			}
 		})

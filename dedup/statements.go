@@ -31,12 +31,12 @@ SELECT $1, $2, $3, 'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * inte
 ` + takeover + `RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
 		complete: `UPDATE ` + t + `
-SET state = 'completed', outcome = $5, response_code = $6, response = $7,
-    lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
+SET state = 'completed', outcome = $5, response_code = $6, response = $7, response_reason = $8,
+    lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		release: async + `UPDATE ` + t + `
-SET lease_token = NULL, locked_until = now(), updated_at = now()` + fromClause(from) + `
+SET lease_token = NULL, locked_until = now(), release_reason = $5, updated_at = now()` + fromClause(from) + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		extend: async + `UPDATE ` + t + `
@@ -72,8 +72,8 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 		// The rows are locked first, in the global key order that batch
 		// reservations use, so that the two never wait on each other in a cycle.
 		completeBatch: `WITH c AS MATERIALIZED (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[])
-        AS c(consumer, tenant, key, token, outcome, code, response)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[])
+        AS c(consumer, tenant, key, token, outcome, code, response, reason)
 ), locked AS MATERIALIZED (
     SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
     WHERE k.lease_token = c.token AND k.state = 'in_progress'
@@ -81,8 +81,8 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
     FOR UPDATE OF k
 )
 UPDATE ` + t + ` AS k
-SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response,
-    lease_token = NULL, locked_until = NULL, completed_at = now(), updated_at = now()
+SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason,
+    lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 FROM c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
@@ -90,7 +90,7 @@ RETURNING c.token`,
 
 		// The batch form of release, locking in the same global key order.
 		releaseBatch: withCTE(async) + `c AS MATERIALIZED (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[]) AS c(consumer, tenant, key, token, reason)
 ), locked AS MATERIALIZED (
     SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
     WHERE k.lease_token = c.token AND k.state = 'in_progress'
@@ -98,7 +98,7 @@ RETURNING c.token`,
     FOR UPDATE OF k
 )
 UPDATE ` + t + ` AS k
-SET lease_token = NULL, locked_until = now(), updated_at = now()
+SET lease_token = NULL, locked_until = now(), release_reason = c.reason, updated_at = now()
 FROM` + from + ` c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
@@ -174,21 +174,27 @@ func withCTE(async string) string {
 // takeover is the conflict clause of both reservation statements: take the
 // row over only when its lease has expired and the operation is the same.
 const takeover = `ON CONFLICT (consumer, tenant, key) DO UPDATE
-    SET lease_token  = excluded.lease_token,
-        locked_until = excluded.locked_until,
-        attempts     = k.attempts + 1,
-        trace_id     = coalesce(excluded.trace_id, k.trace_id),
-        span_id      = coalesce(excluded.span_id, k.span_id),
-        updated_at   = now()
+    SET lease_token    = excluded.lease_token,
+        locked_until   = excluded.locked_until,
+        attempts       = k.attempts + 1,
+        trace_id       = coalesce(excluded.trace_id, k.trace_id),
+        span_id        = coalesce(excluded.span_id, k.span_id),
+        release_reason = NULL,
+        updated_at     = now()
     WHERE k.state = 'in_progress'
       AND k.locked_until <= now()
       AND k.fingerprint = excluded.fingerprint
 `
 
-// recordColumns is the column list scanRecord reads, each prefixed (a table alias and a dot, or "").
+// recordColumns is the column list scanRecord reads, each prefixed (a table
+// alias and a dot, or ""). A row is released when it is in progress with no
+// lease token: every reservation writes one, and only Release clears it
+// without completing; its release_reason counts only then.
 func recordColumns(p string) string {
 	return strings.NewReplacer("$", p).Replace(`$consumer, $tenant, $key, $state, $fingerprint,
     ($state = 'in_progress' AND $locked_until > now()), $locked_until,
     $attempts, $recovery_point, $recovery_data, $steps, $outcome, $response_code, $response,
-    $trace_id, $span_id, $created_at, $updated_at, $completed_at`)
+    $trace_id, $span_id, $created_at, $updated_at, $completed_at, $response_reason,
+    ($state = 'in_progress' AND $lease_token IS NULL),
+    CASE WHEN $state = 'in_progress' AND $lease_token IS NULL THEN $release_reason END`)
 }

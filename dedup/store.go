@@ -159,8 +159,11 @@ const (
 
 // Result is what Complete stores and what duplicates receive.
 type Result struct {
-	Outcome  Outcome
-	Code     int
+	Outcome Outcome
+	Code    int
+	// Reason is the reason a business rejection gave ("insufficient
+	// funds"), kept with the code and the response; "" for OutcomeOK.
+	Reason   string
 	Response []byte
 }
 
@@ -186,6 +189,14 @@ type Record struct {
 	RecoveryPoint string
 	RecoveryData  []byte
 	Steps         []string
+	// Released reports an in-progress row whose holder gave it up
+	// (Release): no worker holds it, and the next reservation takes it over.
+	// A lease that merely expired (its worker died) is not released.
+	Released bool
+	// ReleaseReason is the reason the holder gave when it released the row
+	// (the consumer's words: permanent_error, max_attempts_exceeded,
+	// retried); "" unless Released.
+	ReleaseReason string
 	// Result is set for completed rows.
 	Result *Result
 	// TraceID and SpanID identify the processing that holds or completed the key.
@@ -270,7 +281,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response)
+	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
@@ -303,15 +314,18 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response).Exec(completedOrLost)
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason).Exec(completedOrLost)
 	return nil
 }
 
-// Release gives the key up after an infrastructure failure: the lease
-// expires now, attempts and created_at are kept, and the next delivery takes
-// the key over. Fenced: a lease already lost gives ErrLeaseLost.
-func (s *Store) Release(ctx context.Context, l *Lease) error {
-	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.stored, l.Token)
+// Release gives the key up after a failure: the lease expires now,
+// attempts and created_at are kept, and the next delivery takes the key
+// over. The row reads as released (Record.Released) with reason, the word
+// that says why it was given up (the consumer's: permanent_error,
+// max_attempts_exceeded, retried), until it is taken over. Fenced: a lease
+// already lost gives ErrLeaseLost.
+func (s *Store) Release(ctx context.Context, l *Lease, reason string) error {
+	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.stored, l.Token, nullable(reason))
 	if err != nil {
 		return interpretError("release key", err)
 	}
@@ -379,11 +393,13 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 		response        []byte
 		recoveryPoint   *string
 		traceID, spanID *string
+		reason, release *string
 	)
 	err = row.Scan(
 		&rec.Consumer, &rec.Tenant, &stored, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
 		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
-		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt,
+		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &reason,
+		&rec.Released, &release,
 	)
 	if err != nil {
 		return nil, "", err
@@ -391,8 +407,9 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 	copy(rec.Fingerprint[:], fp)
 	rec.RecoveryPoint = deref(recoveryPoint)
 	rec.TraceID, rec.SpanID = deref(traceID), deref(spanID)
+	rec.ReleaseReason = deref(release)
 	if outcome != nil {
-		rec.Result = &Result{Outcome: Outcome(*outcome), Response: response}
+		rec.Result = &Result{Outcome: Outcome(*outcome), Reason: deref(reason), Response: response}
 		if code != nil {
 			rec.Result.Code = *code
 		}

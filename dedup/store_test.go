@@ -179,7 +179,7 @@ func TestExpiredLeaseTakenOverAndOldOwnerCannotCommit(t *testing.T) {
 	if err := store.Extend(ctx, a, 0); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("old owner extend: %v, want ErrLeaseLost", err)
 	}
-	if err := store.Release(ctx, a); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := store.Release(ctx, a, "retried"); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("old owner release: %v, want ErrLeaseLost", err)
 	}
 	var n int
@@ -225,7 +225,7 @@ func TestReleaseLetsNextReserveTakeOver(t *testing.T) {
 	store, _ := newStore(t, 4, nil)
 	ctx := context.Background()
 	l := mustReserve(t, store, claim("pay-7", "b"), dedup.Acquired).Lease
-	if err := store.Release(ctx, l); err != nil {
+	if err := store.Release(ctx, l, "retried"); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-7"})
@@ -444,7 +444,7 @@ func TestDurableReservations(t *testing.T) {
 	if err := store.Extend(ctx, l, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Release(ctx, l); err != nil {
+	if err := store.Release(ctx, l, "retried"); err != nil {
 		t.Fatal(err)
 	}
 	res, err := store.ReserveBatch(ctx, []dedup.Claim{claim("durable-1", "b"), claim("durable-2", "b")})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -81,7 +82,7 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		sql:    newRelayStatements(schema),
 		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", schema),
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
-		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
+		prop:   propagator.Or(c.Propagator),
 	}
 	inst, err := newInstruments(c.MeterProvider)
 	if err != nil {

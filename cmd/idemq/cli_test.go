@@ -89,6 +89,7 @@ func TestHelpAndVersion(t *testing.T) {
 		{"--help"}, {"migrate", "--help"}, {"topology", "apply", "--help"}, {"forward", "--help"},
 		{"relay", "--help"}, {"gc", "--help"}, {"keys", "inspect", "--help"}, {"dlq", "list", "--help"},
 		{"dlq", "replay", "--help"}, {"demo", "--help"}, {"bench", "--help"}, {"version", "--help"},
+		{"publish", "--help"}, {"topology", "delete", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()

@@ -209,6 +209,9 @@ func TestRejectionIsStoredAndReplayed(t *testing.T) {
 	if calls != 1 || dup.Response.Code != 402 || dup.Record.Result.Outcome != dedup.OutcomeRejected {
 		t.Fatalf("duplicate: %d calls, code %d, stored %+v", calls, dup.Response.Code, dup.Record.Result)
 	}
+	if res.RejectReason != "insufficient_funds" || dup.RejectReason != "insufficient_funds" || dup.Record.Result.Reason != "insufficient_funds" {
+		t.Fatalf("reject reason: event %q, duplicate's %q, stored %q; want insufficient_funds", res.RejectReason, dup.RejectReason, dup.Record.Result.Reason)
+	}
 }
 
 // TestPermanentErrorIsDeadLettered: the writes roll back, the key is
@@ -230,8 +233,8 @@ func TestPermanentErrorIsDeadLettered(t *testing.T) {
 	if res.Copy == nil || res.Copy.Exchange != "consumertest.dlx" || res.Copy.Headers[consumer.HeaderReason] != consumer.ReasonPermanentError {
 		t.Fatalf("dead letter %+v, want one to consumertest.dlx with its reason", res.Copy)
 	}
-	if res.Record == nil || res.Record.State != dedup.StateInProgress || res.Record.LeaseValid || res.Response.Code != 0 {
-		t.Fatalf("record %+v, response %+v; want the key released, nothing stored", res.Record, res.Response)
+	if res.Record == nil || !res.Record.Released || res.Record.ReleaseReason != consumer.ReasonPermanentError || res.Record.LeaseValid || res.Response.Code != 0 {
+		t.Fatalf("record %+v, response %+v; want the key released by permanent_error, nothing stored", res.Record, res.Response)
 	}
 	if got := f.effects(t, "order-3"); len(got) != 0 {
 		t.Fatalf("effects %q: a permanent error rolls the handler's writes back", got)

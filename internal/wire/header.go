@@ -29,10 +29,12 @@ const (
 	HeaderReason   = Prefix + "reason"
 	HeaderError    = Prefix + "error"
 	HeaderAttempts = Prefix + "attempts"
-	// HeaderOutcome and HeaderResponseCode describe the stored result on a
-	// reply sent to reply_to (not signed: a reply is for its requester).
-	HeaderOutcome      = Prefix + "outcome"
-	HeaderResponseCode = Prefix + "response-code"
+	// HeaderOutcome, HeaderResponseCode and HeaderResponseReason describe
+	// the stored result on a reply sent to reply_to (not signed: a reply is
+	// for its requester). The reason is on rejections only.
+	HeaderOutcome        = Prefix + "outcome"
+	HeaderResponseCode   = Prefix + "response-code"
+	HeaderResponseReason = Prefix + "response-reason"
 	// HeaderSignature proves that idemq wrote the signed headers: "v1." and
 	// the unpadded base64url HMAC-SHA256.
 	HeaderSignature = Prefix + "signature"

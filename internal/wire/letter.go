@@ -7,7 +7,7 @@ import (
 )
 
 // Letter is what a dead letter says about itself (idemq dlq list prints it,
-// with these JSON names).
+// with these JSON names, every one always present: docs/cli.md lists them).
 type Letter struct {
 	MessageID string `json:"message_id"`
 	// Reason is x-idemq-reason, else the latest x-death reason, else ReasonUnknown.
@@ -16,20 +16,21 @@ type Letter struct {
 	// (the reason comes from x-death).
 	ByBroker bool `json:"by_broker"`
 	// Attempts is x-idemq-attempts: how many times the message was handled.
-	Attempts int `json:"attempts,omitempty"`
+	Attempts int `json:"attempts"`
 	// FirstSeen is x-idemq-first-seen: when idemq first saw the message.
-	FirstSeen string `json:"first_seen,omitempty"`
+	FirstSeen string `json:"first_seen"`
 	// Error is x-idemq-error: the failure's text, truncated.
-	Error string `json:"error,omitempty"`
+	Error string `json:"error"`
 	// OriginalExchange and OriginalRoutingKey say where the message was first
 	// published (x-idemq-original-*, else the latest x-death entry).
 	OriginalExchange   string `json:"original_exchange"`
 	OriginalRoutingKey string `json:"original_routing_key"`
 	// DeathCount is the count of the latest x-death entry (broker dead-lettering).
-	DeathCount  int64     `json:"death_count,omitempty"`
-	ContentType string    `json:"content_type,omitempty"`
-	BodySize    int       `json:"body_size"`
-	Timestamp   time.Time `json:"timestamp,omitzero"`
+	DeathCount  int64  `json:"death_count"`
+	ContentType string `json:"content_type"`
+	BodySize    int    `json:"body_size"`
+	// Timestamp is the message's timestamp property; nil when it has none.
+	Timestamp *time.Time `json:"timestamp"`
 }
 
 // ReadLetter reads what dead letter d says: the x-idemq-* description idemq
@@ -50,7 +51,10 @@ func ReadLetter(d *amqp.Delivery) Letter {
 		OriginalRoutingKey: text(h[HeaderOriginalRoutingKey]),
 		ContentType:        d.ContentType,
 		BodySize:           len(d.Body),
-		Timestamp:          d.Timestamp,
+	}
+	if !d.Timestamp.IsZero() {
+		ts := d.Timestamp
+		l.Timestamp = &ts
 	}
 	_, hasOrigin := h[HeaderOriginalExchange]
 	if death, ok := latestDeath(h); ok {

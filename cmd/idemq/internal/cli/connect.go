@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,10 +20,9 @@ import (
 // Postgres answers within the connect timeout. Its error is one line that
 // names the (redacted) URL and the cause.
 func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(a.postgresURL)
+	cfg, err := a.postgresConfig()
 	if err != nil {
-		// pgx redacts the password of the string it quotes.
-		return nil, fmt.Errorf("invalid Postgres URL: %s", redact.Error(err))
+		return nil, err
 	}
 	cfg.ConnConfig.ConnectTimeout = a.connectTimeout
 	cfg.MaxConns = max(maxConns, 1)
@@ -41,6 +41,38 @@ func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
 	}
 	return pool, nil
+}
+
+// postgresConfig parses --postgres-url. A URL that does not parse is bad
+// usage (exit 2), reported without its credentials.
+func (a *app) postgresConfig() (*pgxpool.Config, error) {
+	if scheme, _, ok := strings.Cut(a.postgresURL, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return nil, usagef("--postgres-url %s: want a postgres:// or postgresql:// URL, or key=value settings", redact.DSN(a.postgresURL))
+	}
+	cfg, err := pgxpool.ParseConfig(a.postgresURL)
+	if err != nil {
+		// pgx quotes the string with its password masked; redact the rest.
+		return nil, usagef("--postgres-url: %s", redact.Error(err))
+	}
+	return cfg, nil
+}
+
+// checkAMQPURL parses --amqp-url. A URL that does not parse is bad usage
+// (exit 2), reported without its credentials.
+func (a *app) checkAMQPURL() error {
+	if _, err := amqp.ParseURI(a.amqpURL); err != nil {
+		return usagef("--amqp-url %s: %s", redact.URL(a.amqpURL), redact.String(err.Error()))
+	}
+	return nil
+}
+
+// checkURLs parses both connection URLs, for the commands that use both
+// (forward, relay, demo, bench), before they connect to either.
+func (a *app) checkURLs() error {
+	if _, err := a.postgresConfig(); err != nil {
+		return err
+	}
+	return a.checkAMQPURL()
 }
 
 // requireSchema fails with a pointer to `idemq migrate` when the schema's
@@ -73,8 +105,8 @@ func (a *app) amqpConfig(name string) amqp.Config {
 // dialAMQP opens a broker connection named name. Its error is one line that
 // names the (redacted) URL and the cause.
 func (a *app) dialAMQP(name string) (*amqp.Connection, error) {
-	if _, err := amqp.ParseURI(a.amqpURL); err != nil {
-		return nil, fmt.Errorf("invalid RabbitMQ URL %s: %s", redact.URL(a.amqpURL), redact.Error(err))
+	if err := a.checkAMQPURL(); err != nil {
+		return nil, err
 	}
 	conn, err := amqp.DialConfig(a.amqpURL, a.amqpConfig(name))
 	if err != nil {

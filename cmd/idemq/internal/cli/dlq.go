@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -60,7 +61,7 @@ held, other consumers of Q.dlq do not see them.`,
 			defer conn.Close()
 			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit)
 			if err != nil {
-				return err
+				return hintWorkQueue(err, queue)
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
@@ -77,6 +78,15 @@ held, other consumers of Q.dlq do not see them.`,
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	requireFlags(cmd, "queue")
 	return cmd
+}
+
+// hintWorkQueue adds a hint to a missing queue's error when --queue looks
+// like the name of a DLQ: --queue takes the work queue Q, whose DLQ is Q.dlq.
+func hintWorkQueue(err error, queue string) error {
+	if work, ok := strings.CutSuffix(queue, ".dlq"); ok && work != "" && errors.Is(err, dlq.ErrNoQueue) {
+		return fmt.Errorf("%w (--queue takes the work queue, whose dead letters are in Q.dlq: --queue %s reads %s)", err, work, queue)
+	}
+	return err
 }
 
 func printLetters(out io.Writer, res dlq.ListResult) {
@@ -166,6 +176,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if timeout <= 0 {
 				return usagef("--confirm-timeout %s must be positive", timeout)
 			}
+			if reason != "" && !slices.Contains(consumer.Reasons(), reason) {
+				return usagef("--reason %q is not a dead-letter reason; want one of %s", reason, strings.Join(consumer.Reasons(), ", "))
+			}
 			conn, err := a.dialAMQP("idemq-dlq-replay")
 			if err != nil {
 				return err
@@ -199,7 +212,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d\n", res.Replayed, res.Skipped)
 			if err != nil {
-				return err
+				return hintWorkQueue(err, queue)
 			}
 			if res.Interrupted {
 				return fmt.Errorf("replay interrupted after %d messages; the rest is still in %s", res.Read, opts.Queue)
@@ -209,7 +222,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&queue, "queue", "", "the work queue Q: reads Q.dlq, replays to Q (required)")
-	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason)")
+	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason): "+strings.Join(consumer.Reasons(), ", "))
 	f.IntVar(&limit, "limit", 0, "most dead letters replayed (0: all)")
 	f.DurationVar(&timeout, "confirm-timeout", dlq.DefaultConfirmTimeout, "how long to wait for the broker to confirm one copy")
 	requireFlags(cmd, "queue")

@@ -80,6 +80,9 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			if err := nonEmpty(cmd.Flags(), "consumer"); err != nil {
 				return err
 			}
+			if err := a.checkURLs(); err != nil {
+				return err
+			}
 			switch {
 			case concurrency < 1:
 				return usagef("--concurrency %d must be at least 1", concurrency)
@@ -239,6 +242,9 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			}
 			if poll <= 0 {
 				return usagef("--poll-interval %s must be positive", poll)
+			}
+			if err := a.checkURLs(); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			pool, err := a.openStorePool(ctx, 4)

@@ -13,29 +13,48 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// keyReport is what `keys inspect` prints (also its --json form).
+// keyReport is what `keys inspect` prints (also its --json form). Every
+// field is always in the JSON, empty or null when the row has no value:
+// docs/cli.md lists them, and a test holds the two together.
 type keyReport struct {
-	Consumer       string     `json:"consumer"`
-	Tenant         string     `json:"tenant"`
-	KeyHash        string     `json:"key_hash"`
-	Hashed         bool       `json:"hashed"`
-	State          string     `json:"state"`
+	Consumer string `json:"consumer"`
+	Tenant   string `json:"tenant"`
+	KeyHash  string `json:"key_hash"`
+	Hashed   bool   `json:"hashed"`
+	// State is in_progress, released or completed (see stateOf).
+	State string `json:"state"`
+	// ReleaseReason says why a released key was given up.
+	ReleaseReason  string     `json:"release_reason"`
 	Attempts       int        `json:"attempts"`
 	LockedUntil    *time.Time `json:"locked_until"`
 	LeaseValid     bool       `json:"lease_valid"`
-	Outcome        string     `json:"outcome,omitempty"`
-	ResponseCode   *int       `json:"response_code,omitempty"`
-	ResponseSize   *int       `json:"response_size,omitempty"`
-	RecoveryPoint  string     `json:"recovery_point,omitempty"`
+	Outcome        string     `json:"outcome"`
+	ResponseCode   *int       `json:"response_code"`
+	ResponseReason string     `json:"response_reason"`
+	ResponseSize   *int       `json:"response_size"`
+	RecoveryPoint  string     `json:"recovery_point"`
+	RecoveryDataSz int        `json:"recovery_data_size"`
 	Steps          []string   `json:"steps"`
 	Fingerprint    string     `json:"fingerprint"`
-	TraceID        string     `json:"trace_id,omitempty"`
-	SpanID         string     `json:"span_id,omitempty"`
-	TraceURL       string     `json:"trace_url,omitempty"`
+	TraceID        string     `json:"trace_id"`
+	SpanID         string     `json:"span_id"`
+	TraceURL       string     `json:"trace_url"`
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
 	CompletedAt    *time.Time `json:"completed_at"`
-	RecoveryDataSz int        `json:"recovery_data_size,omitempty"`
+}
+
+// stateReleased is how keys inspect shows an in-progress row whose holder
+// gave it up (dedup.Record.Released): no worker holds it, and the next
+// delivery of the key takes it over.
+const stateReleased = "released"
+
+// stateOf is the state keys inspect shows: the row's, or released.
+func stateOf(rec *dedup.Record) string {
+	if rec.Released {
+		return stateReleased
+	}
+	return string(rec.State)
 }
 
 func (a *app) keysCommand() *cobra.Command {
@@ -47,16 +66,18 @@ func (a *app) keysCommand() *cobra.Command {
 	inspect := &cobra.Command{
 		Use:   "inspect --consumer C [--tenant T] KEY",
 		Short: "Show the state of one idempotency key",
-		Long: `Show the row of KEY in the scope (--consumer, --tenant): its state (in_progress
-or completed), attempts, lease (locked until, still valid?), outcome, stored
-response code and size, recovery point and committed steps, creation and
+		Long: `Show the row of KEY in the scope (--consumer, --tenant): its state (in_progress,
+released with the reason it was given up for, or completed), attempts, lease
+(locked until, still valid?), outcome, stored response code, rejection reason
+and size, recovery point and committed steps, creation and
 completion times, and the trace id of its first processing. When the
 environment variable IDEMQ_JAEGER_URL is set (e.g. http://localhost:16686), the
 trace is also given as a link, $IDEMQ_JAEGER_URL/trace/<trace id>.
 
 Give --hashed when the store keeps hashed keys (forward --hash-keys): KEY is
 then hashed the same way before the lookup. The raw key is never printed; its
-short hash is. Exits 1 with "key not found" when the key has no row.`,
+short hash is. Exits 1 with "key not found" and the scope it looked in when
+the key has no row.`,
 		Example: `  idemq keys inspect --consumer charge order-42
   idemq keys inspect --consumer charge --tenant acme --json order-42
   IDEMQ_JAEGER_URL=http://localhost:16686 idemq keys inspect --consumer charge order-42`,
@@ -87,7 +108,7 @@ short hash is. Exits 1 with "key not found" when the key has no row.`,
 			scope := dedup.Scope{Consumer: name, Tenant: tenant, Key: key}
 			rec, err := store.Inspect(ctx, scope)
 			if errors.Is(err, dedup.ErrNotFound) {
-				return errors.New("key not found")
+				return notFound(name, tenant)
 			}
 			if err != nil {
 				return err
@@ -117,7 +138,8 @@ func report(rec *dedup.Record, keyHash string, hashed bool, jaeger string) keyRe
 		Tenant:         rec.Tenant,
 		KeyHash:        keyHash,
 		Hashed:         hashed,
-		State:          string(rec.State),
+		State:          stateOf(rec),
+		ReleaseReason:  rec.ReleaseReason,
 		Attempts:       rec.Attempts,
 		LockedUntil:    rec.LockedUntil,
 		LeaseValid:     rec.LeaseValid,
@@ -135,7 +157,7 @@ func report(rec *dedup.Record, keyHash string, hashed bool, jaeger string) keyRe
 		r.Steps = []string{}
 	}
 	if rec.Result != nil {
-		r.Outcome = string(rec.Result.Outcome)
+		r.Outcome, r.ResponseReason = string(rec.Result.Outcome), rec.Result.Reason
 		code, size := rec.Result.Code, len(rec.Result.Response)
 		r.ResponseCode, r.ResponseSize = &code, &size
 	}
@@ -165,17 +187,27 @@ func printKey(a *app, r keyReport) {
 		line("tenant", "%s", r.Tenant)
 	}
 	line("key hash", "%s", r.KeyHash)
-	line("state", "%s", r.State)
+	if r.State == stateReleased && r.ReleaseReason != "" {
+		line("state", "%s (%s)", r.State, r.ReleaseReason)
+	} else {
+		line("state", "%s", r.State)
+	}
 	line("attempts", "%d", r.Attempts)
 	switch {
 	case r.LockedUntil == nil:
 		line("lease", "none")
+	case r.State == stateReleased:
+		line("lease", "released at %s", ts(r.LockedUntil))
 	case r.LeaseValid:
 		line("lease", "valid, locked until %s", ts(r.LockedUntil))
 	default:
 		line("lease", "expired, was locked until %s", ts(r.LockedUntil))
 	}
-	line("outcome", "%s", dash(r.Outcome))
+	if r.ResponseReason != "" {
+		line("outcome", "%s: %s", r.Outcome, r.ResponseReason)
+	} else {
+		line("outcome", "%s", dash(r.Outcome))
+	}
 	if r.ResponseCode != nil {
 		line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
 	} else {
@@ -190,6 +222,14 @@ func printKey(a *app, r keyReport) {
 		line("trace", "%s", r.TraceURL)
 	}
 	_ = w.Flush()
+}
+
+// notFound is the error of a key with no row, naming the scope looked in.
+func notFound(consumer, tenant string) error {
+	if tenant == "" {
+		return fmt.Errorf("key not found (consumer %q, default tenant)", consumer)
+	}
+	return fmt.Errorf("key not found (consumer %q, tenant %q)", consumer, tenant)
 }
 
 func dash(s string) string {

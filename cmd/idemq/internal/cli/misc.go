@@ -41,6 +41,9 @@ recreates.`,
   IDEMQ_JAEGER_URL=http://127.0.0.1:16686 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 idemq demo`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := a.checkURLs(); err != nil {
+				return err
+			}
 			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
 			if noKill {
 				o.KillAt = -1
@@ -62,8 +65,6 @@ recreates.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.Payments, "payments", demo.DefaultPayments, "unique payments (duplicates, bursts and bad messages come on top)")
-	f.IntVar(&o.Payments, "messages", demo.DefaultPayments, "same as --payments")
-	_ = f.MarkHidden("messages")
 	f.IntVar(&o.Workers, "workers", demo.DefaultWorkers, "worker processes")
 	f.IntVar(&o.Concurrency, "concurrency", demo.DefaultConcurrency, "handlers per worker")
 	f.Float64Var(&o.KillAt, "kill-at", demo.DefaultKillAt, "fraction of the messages settled when one worker is killed")
@@ -105,6 +106,9 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
   idemq bench --sweep --plot docs/img/group-commit.svg`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			if err := a.checkURLs(); err != nil {
+				return err
+			}
 			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
 			if full {
 				f := cmd.Flags()

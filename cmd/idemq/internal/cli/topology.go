@@ -128,7 +128,7 @@ the same topology on connect, so give them the same flags.`,
 	}
 	t.register(apply.Flags())
 	requireFlags(apply, "queue")
-	return group("topology", "Manage the RabbitMQ topology of work queues", "", apply)
+	return group("topology", "Manage the RabbitMQ topology of work queues", "", apply, a.topologyDeleteCommand())
 }
 
 func printTopology(a *app, topo consumer.Topology) {
