@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,4 +61,20 @@ func TestRetriesNeverGoBackThroughBoundExchanges(t *testing.T) {
 			t.Fatalf("the other queue got a copy (routing key %q, headers %v)", d.RoutingKey, d.Headers)
 		}
 	})
+}
+
+// Bindings are checked before Apply connects.
+func TestBindingsAreValidated(t *testing.T) {
+	t.Parallel()
+	for _, b := range []consumer.Binding{
+		{Exchange: "", Key: "k"},
+		{Exchange: "q.dlx", Key: ""},
+		{Exchange: "orders", Key: "order.*", Declare: true},
+		{Exchange: "events", Kind: amqp.ExchangeHeaders, Args: amqp.Table{"bad": struct{}{}}},
+	} {
+		err := consumer.Apply(t.Context(), "amqp://127.0.0.1:1/", consumer.TopologyConfig{Queue: "q", Bindings: []consumer.Binding{b}})
+		if err == nil || !strings.Contains(err.Error(), "binding of q") {
+			t.Errorf("binding %+v: %v, want a refusal of the binding", b, err)
+		}
+	}
 }

@@ -299,6 +299,6 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
 	// The queue, attempts and retry settings: as the topology checks them.
-	errs = append(errs, c.TopologyConfig().validate())
+	errs = append(errs, c.TopologyConfig().Validate())
 	return errors.Join(errs...)
 }

@@ -62,7 +62,9 @@ func (c TopologyConfig) WithDefaults() TopologyConfig {
 	return c
 }
 
-func (c TopologyConfig) validate() error {
+// Validate reports what is wrong with c once its defaults are filled in
+// (WithDefaults): what Apply and New refuse.
+func (c TopologyConfig) Validate() error {
 	var errs []error
 	if c.Queue == "" {
 		errs = append(errs, errors.New("queue name is required"))
@@ -313,7 +315,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 // bounded by cfg.DialTimeout; the whole of it ends when ctx does.
 func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
 	c := cfg.WithDefaults()
-	if err := c.validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	conn, err := dial(ctx, url, c.AMQPConfig, c.ConnectionName, c.DialTimeout)
