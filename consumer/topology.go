@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -130,7 +132,8 @@ func (b Binding) validate(queue string) error {
 }
 
 // String is how the CLI and the docs write a binding:
-// exchange[:kind]:key, with the arguments after it.
+// exchange[:kind]:key, and a headers binding's arguments as
+// exchange:kind:name=value,… (sorted by name).
 func (b Binding) String() string {
 	s := b.Exchange
 	if b.Kind != "" {
@@ -138,7 +141,15 @@ func (b Binding) String() string {
 	}
 	s += ":" + b.Key
 	if len(b.Args) > 0 {
-		s += fmt.Sprintf(" %v", map[string]any(b.Args))
+		args := make([]string, 0, len(b.Args))
+		for k, v := range b.Args {
+			args = append(args, fmt.Sprintf("%s=%v", k, v))
+		}
+		slices.Sort(args)
+		if b.Key != "" {
+			s += " "
+		}
+		s += strings.Join(args, ",")
 	}
 	return s
 }
