@@ -57,9 +57,6 @@ named as not compared.`,
 			if err != nil {
 				return err
 			}
-			if err := a.checkAMQPURL(); err != nil {
-				return err
-			}
 			conn, err := a.dialAMQP("idemq-topology-diff")
 			if err != nil {
 				return err
