@@ -38,8 +38,7 @@ type TopologyConfig struct {
 	// ClassicQueues declares classic queues instead of quorum queues.
 	ClassicQueues bool
 	// Bindings bind the work queue to exchanges that publishers publish to.
-	// Retry and dead-letter copies never go through them (section
-	// "Bindings" of docs/topology.md).
+	// Retry and dead-letter copies never go through them (docs/topology.md).
 	Bindings []Binding
 
 	// AMQPConfig, when set, is the base of Apply's connection config
