@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
@@ -190,6 +191,13 @@ type Config struct {
 	// TracerProvider and MeterProvider; nil means the global ones.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
+	// Propagator reads the trace context a delivery carries in its headers
+	// and writes it into the retry and dead-letter copies idemq publishes
+	// and into the outbox rows its handlers enqueue. nil means the
+	// global propagator once a program has set one (otel.SetTextMapPropagator),
+	// else W3C TraceContext + Baggage: traces continue across retries and the
+	// outbox without any setup.
+	Propagator propagation.TextMapPropagator
 	// OnOutcome, when set, is called once for each delivery after its ack
 	// (with coalesced acks: after its ack was handed to the ack window, which
 	// sends it within 20ms).

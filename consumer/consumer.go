@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
@@ -121,7 +122,8 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
-	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
+	prop := propagator.Or(c.Propagator)
+	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema, Propagator: prop})
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -135,7 +137,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		deathReserve: deathReserve(topo),
 		log:          c.Logger.With("queue", c.Queue, "consumer", c.Name),
 		tracer:       tp.Tracer(instrumentation),
-		prop:         otel.GetTextMapPropagator(),
+		prop:         prop,
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()

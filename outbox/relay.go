@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -77,7 +78,7 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		sql:    newRelayStatements(schema),
 		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", schema),
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
-		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
+		prop:   propagator.Or(c.Propagator),
 	}
 	inst, err := newInstruments(c.MeterProvider)
 	if err != nil {
