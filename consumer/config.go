@@ -148,6 +148,10 @@ type Config struct {
 	// ClassicQueues declares classic queues instead of quorum queues (for
 	// brokers without quorum support; dead-lettering is then at-most-once).
 	ClassicQueues bool
+	// Bindings bind the work queue to the exchanges its messages are
+	// published to (declared with the rest of the topology, on connect).
+	// Retry and dead-letter copies never go back through them.
+	Bindings []Binding
 	// SkipDeclare leaves the topology alone (it was applied by `idemq
 	// topology apply` or by an operator) instead of declaring it on connect.
 	SkipDeclare bool
@@ -271,6 +275,7 @@ func (c *Config) TopologyConfig() TopologyConfig {
 		RetryMax:        d.RetryMax,
 		DeliveryLimit:   d.DeliveryLimit,
 		ClassicQueues:   d.ClassicQueues,
+		Bindings:        d.Bindings,
 		AMQPConfig:      d.AMQPConfig,
 		ConnectionName:  d.ConnectionName,
 	}.WithDefaults()
@@ -302,6 +307,6 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
 	// The queue, attempts and retry settings: as the topology checks them.
-	errs = append(errs, c.TopologyConfig().validate())
+	errs = append(errs, c.TopologyConfig().Validate())
 	return errors.Join(errs...)
 }
