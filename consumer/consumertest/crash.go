@@ -391,8 +391,8 @@ func (k *crashRun) pause(msg amqp.Publishing, noHeartbeat bool) (*paused, error)
 	}
 }
 
-// finish releases the held handler and takes the first copy to its end.
-func (p *paused) finish(k *crashRun, msg amqp.Publishing) error {
+// end releases the held handler and waits for the first copy's attempt.
+func (p *paused) end(k *crashRun) (attempted, error) {
 	select {
 	case <-p.release:
 	default:
@@ -400,12 +400,21 @@ func (p *paused) finish(k *crashRun, msg amqp.Publishing) error {
 	}
 	r := <-p.done
 	if r.err != nil {
-		return r.err
+		return attempted{}, r.err
 	}
 	if tid := r.a.TraceID; tid != "" {
 		k.row.TraceIDs = append(k.row.TraceIDs, tid)
 	}
-	return k.toEnd(msg, r.a)
+	return r.a, nil
+}
+
+// finish releases the held handler and takes the first copy to its end.
+func (p *paused) finish(k *crashRun, msg amqp.Publishing) error {
+	a, err := p.end(k)
+	if err != nil {
+		return err
+	}
+	return k.toEnd(msg, a)
 }
 
 // duplicateDuring delivers a second copy of msg while the first one's
@@ -479,12 +488,18 @@ func leaseExpired(k *crashRun, msg amqp.Publishing) error {
 		second <- r
 	case <-time.After(crashWait):
 	}
-	if err := first.finish(k, msg); err != nil {
+	a, err := first.end(k)
+	if err != nil {
 		return err
 	}
+	// The second ends first, as it would on a broker: the first's copy
+	// waits in its retry tier.
 	r = <-second
 	if r.err != nil {
 		return r.err
 	}
-	return k.toEnd(msg, r.a)
+	if err := k.toEnd(msg, r.a); err != nil {
+		return err
+	}
+	return k.toEnd(msg, a)
 }
