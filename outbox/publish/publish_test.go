@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -381,5 +382,105 @@ func TestPublishRetriedAfterConnectionKilled(t *testing.T) {
 	testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
 	if rows, _ := count(); rows != 1 {
 		t.Fatalf("the operation was applied %d times, want once", rows)
+	}
+}
+
+// TestPublishStreamAcrossConnectionKills is the example's operation
+// (requestRefund) run across broker failures: while a stream of operations
+// is published, every connection of the publisher is closed from the
+// broker's side, again and again. Every operation returns nil, its message
+// arrives, and the consumer applies each operation exactly once. (The chaos
+// soak restarts the broker itself; that would break every other test running
+// in parallel, so here only this publisher's connections die.)
+func TestPublishStreamAcrossConnectionKills(t *testing.T) {
+	t.Parallel()
+	_, queue, events, count := effects(t)
+	// Thousands of outcomes: read them, so that the consumer never waits.
+	drained := make(chan struct{})
+	var drain sync.WaitGroup
+	drain.Go(func() {
+		for {
+			select {
+			case <-events:
+			case <-drained:
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { close(drained); drain.Wait() })
+	var retries atomic.Int32
+	log := slog.New(handlerFunc(func(r slog.Record) {
+		if r.Level == slog.LevelWarn {
+			retries.Add(1)
+		}
+	}))
+	p, name := newPublisher(t, publish.Config{Logger: log, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond})
+	const workers, wantKills = 8, 3
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	stop := make(chan struct{})
+	var kills atomic.Int32
+	var killer sync.WaitGroup
+	killer.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// rabbitmqctl takes a few hundred milliseconds: it paces the loop.
+			kills.Add(int32(testamqp.CloseConnections(t, name)))
+		}
+	})
+
+	// Operations go on, at a steady pace, until the connection was killed
+	// several times and at least one kill caught a publish in flight (a
+	// retried attempt).
+	const maxOperations = 5000
+	ops := make(chan int)
+	keys := make(chan string, maxOperations)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range ops {
+				key, err := requestRefund(ctx, p, queue, "o-"+strconv.Itoa(i))
+				if err != nil {
+					t.Errorf("operation %d: %v", i, err)
+					continue
+				}
+				keys <- key
+			}
+		})
+	}
+	pace := time.NewTicker(2 * time.Millisecond)
+	defer pace.Stop()
+	operations := 0
+	for ; kills.Load() < wantKills || retries.Load() == 0; operations++ {
+		if ctx.Err() != nil || operations == maxOperations {
+			t.Errorf("after %d operations: %d connections killed, %d attempts retried; want %d kills and a retry", operations, kills.Load(), retries.Load(), wantKills)
+			break
+		}
+		<-pace.C
+		ops <- operations
+	}
+	close(ops)
+	wg.Wait()
+	close(stop)
+	killer.Wait()
+	close(keys)
+	if t.Failed() {
+		return
+	}
+	if len(keys) != operations {
+		t.Fatalf("%d operations published, want %d", len(keys), operations)
+	}
+	t.Logf("%d operations published, %d connections killed, %d attempts retried", operations, kills.Load(), retries.Load())
+	consumertest.WaitFor(t, 2*time.Minute, "every operation applied", func() bool {
+		_, k := count()
+		return k == operations
+	})
+	if rows, k := count(); rows != operations || k != operations {
+		t.Fatalf("%d effects of %d keys, want each of the %d operations applied once", rows, k, operations)
 	}
 }
