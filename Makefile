@@ -16,9 +16,10 @@ IDEMQ_TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disab
 IDEMQ_TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 
-# The library (.), the binary (cmd/idemq) and the end-to-end tests
-# (integration) are three modules tied by go.work; a pattern names each.
-PKGS := ./... ./cmd/idemq/... ./integration/...
+# The library (.), its telemetry setup (consumer/idemqotel), the binary
+# (cmd/idemq) and the end-to-end tests (integration) are four modules tied by
+# go.work; a pattern names each.
+PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/...
 
 .PHONY: help up test lint demo bench chaos fuzz build jaeger tidy
 
@@ -92,15 +93,18 @@ fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter head
 		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) ./$$pkg || exit 1; \
 	done
 
-tidy: ## go mod tidy in each module (the binary and the tests against this checkout's library)
+tidy: ## go mod tidy in each module (idemqotel, the binary and the tests against this checkout's library)
 	GOWORK=off $(GO) mod tidy
-	@# The binary and the tests require the library at a placeholder version
-	@# that go.work maps to this checkout; tidy sees it through a replace that
-	@# is dropped again (go install refuses a go.mod with replace directives).
-	@for m in cmd/idemq integration; do \
+	@# idemqotel, the binary and the tests require the library (and the binary
+	@# idemqotel) at a placeholder version that go.work maps to this checkout;
+	@# tidy sees them through replaces that are dropped again (go install
+	@# refuses a go.mod with replace directives).
+	@for m in consumer/idemqotel cmd/idemq integration; do \
 		echo "go mod tidy in $$m"; \
 		(cd $$m && $(GO) mod edit -replace github.com/idemq/idemq=$(CURDIR) && \
-			{ GOWORK=off $(GO) mod tidy; rc=$$?; $(GO) mod edit -dropreplace github.com/idemq/idemq; exit $$rc; }) || exit 1; \
+			{ [[ $$m == consumer/idemqotel ]] || $(GO) mod edit -replace github.com/idemq/idemq/consumer/idemqotel=$(CURDIR)/consumer/idemqotel; } && \
+			{ GOWORK=off $(GO) mod tidy; rc=$$?; \
+				$(GO) mod edit -dropreplace github.com/idemq/idemq -dropreplace github.com/idemq/idemq/consumer/idemqotel; exit $$rc; }) || exit 1; \
 	done
 
 build: ## Build the idemq binary into bin/idemq

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
@@ -147,6 +148,10 @@ type Config struct {
 	// ClassicQueues declares classic queues instead of quorum queues (for
 	// brokers without quorum support; dead-lettering is then at-most-once).
 	ClassicQueues bool
+	// Bindings bind the work queue to the exchanges its messages are
+	// published to (declared with the rest of the topology, on connect).
+	// Retry and dead-letter copies never go back through them.
+	Bindings []Binding
 	// SkipDeclare leaves the topology alone (it was applied by `idemq
 	// topology apply` or by an operator) instead of declaring it on connect.
 	SkipDeclare bool
@@ -186,6 +191,13 @@ type Config struct {
 	// TracerProvider and MeterProvider; nil means the global ones.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
+	// Propagator reads the trace context a delivery carries in its headers
+	// and writes it into the retry and dead-letter copies idemq publishes
+	// and into the outbox rows its handlers enqueue. nil means the
+	// global propagator once a program has set one (otel.SetTextMapPropagator),
+	// else W3C TraceContext + Baggage: traces continue across retries and the
+	// outbox without any setup.
+	Propagator propagation.TextMapPropagator
 	// OnOutcome, when set, is called once for each delivery after its ack
 	// (with coalesced acks: after its ack was handed to the ack window, which
 	// sends it within 20ms).
@@ -263,6 +275,7 @@ func (c *Config) TopologyConfig() TopologyConfig {
 		RetryMax:        d.RetryMax,
 		DeliveryLimit:   d.DeliveryLimit,
 		ClassicQueues:   d.ClassicQueues,
+		Bindings:        d.Bindings,
 		AMQPConfig:      d.AMQPConfig,
 		ConnectionName:  d.ConnectionName,
 	}.WithDefaults()
@@ -294,6 +307,6 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
 	// The queue, attempts and retry settings: as the topology checks them.
-	errs = append(errs, c.TopologyConfig().validate())
+	errs = append(errs, c.TopologyConfig().Validate())
 	return errors.Join(errs...)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
@@ -38,6 +39,11 @@ const attrConsumer = "idemq.consumer"
 // redelivery horizon: a retry arriving after its key was deleted would run
 // the handler again.
 var ErrRetentionTooShort = errors.New("the key retention is shorter than the redelivery horizon")
+
+// ErrNotReady is wrapped by every error Consumer.Ready returns: the consumer
+// is not consuming (not running, not yet connected, reconnecting, stopping,
+// or stopped by an error such as an unmigrated schema).
+var ErrNotReady = errors.New("consumer not ready")
 
 // Consumer consumes one work queue, claims each message's key before its
 // handler runs, and routes every delivery to exactly one outcome.
@@ -62,8 +68,13 @@ type Consumer struct {
 	prop         propagation.TextMapPropagator
 	metrics      *metrics
 	running      atomic.Bool
-	consumed     atomic.Bool
-	inFlight     atomic.Int64
+	// consumed: a session got as far as consuming once; from then on every
+	// broker failure is retried.
+	consumed atomic.Bool
+	// status is what Ready returns (a pointer to nil while consuming).
+	status   atomic.Pointer[error]
+	failLogs logLimiter
+	inFlight atomic.Int64
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
 	keys wire.Keys
@@ -121,7 +132,8 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
-	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
+	prop := propagator.Or(c.Propagator)
+	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema, Propagator: prop})
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -135,11 +147,12 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		deathReserve: deathReserve(topo),
 		log:          c.Logger.With("queue", c.Queue, "consumer", c.Name),
 		tracer:       tp.Tracer(instrumentation),
-		prop:         otel.GetTextMapPropagator(),
+		prop:         prop,
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()
 	cons.claimInTx = bh != nil && c.BatchReserveInTx
+	cons.notReady(errors.New("not running"))
 	return cons, nil
 }
 
@@ -149,17 +162,55 @@ func (c *Consumer) Config() Config { return c.cfg }
 // Topology returns the queues and exchanges the consumer uses.
 func (c *Consumer) Topology() Topology { return c.topo }
 
+// Ready reports whether the consumer is consuming: nil while it is, else
+// an error wrapping ErrNotReady that says why not (not running, not yet
+// connected, reconnecting and why, stopping, or the error Run returned).
+// It is safe to call at any time, from any goroutine: a readiness probe.
+func (c *Consumer) Ready() error {
+	if p := c.status.Load(); p != nil {
+		return *p
+	}
+	return fmt.Errorf("%w: not made by New", ErrNotReady)
+}
+
+// notReady records why the consumer is not consuming.
+func (c *Consumer) notReady(why error) {
+	err := fmt.Errorf("%w: %w", ErrNotReady, why)
+	c.status.Store(&err)
+}
+
+// ready records that the consumer is consuming.
+func (c *Consumer) ready() {
+	var none error
+	c.status.Store(&none)
+}
+
 // Run consumes until ctx ends, then stops consuming, lets in-flight handlers
 // finish (bounded by ShutdownTimeout), acks them and closes; it returns nil
 // after a clean stop. A lost connection or channel is redialled with backoff,
-// the topology redeclared and consuming resumed. Run returns an error only
-// for a configuration the broker refuses (for example, a queue declared with
-// other arguments) on the first connect, or when called twice at once.
-func (c *Consumer) Run(ctx context.Context) error {
+// the topology redeclared and consuming resumed.
+//
+// Before it consumes for the first time, Run returns an error for what
+// retrying cannot fix: a schema not migrated as far as this build needs
+// (dedup.Store.Check; run `idemq migrate`), a malformed URL, credentials or
+// a vhost the broker refuses (403 ACCESS_REFUSED, 530 NOT_ALLOWED), a
+// configuration the broker refuses (a queue declared with other arguments,
+// a missing queue with SkipDeclare). A broker or database out of reach is
+// retried, from the start. Once it has consumed, Run retries every failure.
+// It also returns an error when called twice at once.
+func (c *Consumer) Run(ctx context.Context) (err error) {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: already running")
 	}
 	defer c.running.Store(false)
+	c.notReady(errors.New("not yet connected"))
+	defer func() {
+		if err == nil {
+			c.notReady(errors.New("stopped"))
+		} else {
+			c.notReady(err)
+		}
+	}()
 	if c.batchHandler == nil && !c.cfg.GroupOptimistic && c.cfg.GroupSize > maxSavepointGroup {
 		c.log.Warn("group commit with more savepoints than Postgres caches per transaction; every session's snapshots slow down while such a group runs",
 			"group_size", c.cfg.GroupSize, "advised_max", maxSavepointGroup)
@@ -169,9 +220,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 		backoff.WithMaxInterval(15*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
+	checked := false
 	for {
 		started := time.Now()
-		err := c.session(ctx)
+		var err error
+		if !checked {
+			err = c.checkStore(ctx)
+			checked = err == nil
+		}
+		if err == nil {
+			err = c.session(ctx)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -183,7 +242,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			bo.Reset()
 		}
 		wait := bo.NextBackOff()
-		c.log.Warn("broker connection lost; reconnecting", "err", redact.Error(err), "in", wait)
+		if c.consumed.Load() {
+			c.notReady(fmt.Errorf("reconnecting: %s", redact.Error(err)))
+			c.log.Warn("broker connection lost; reconnecting", "err", redact.Error(err), "in", wait)
+		} else {
+			c.notReady(fmt.Errorf("not yet connected: %s", redact.Error(err)))
+			c.log.Warn("cannot start consuming (never connected yet); retrying", "err", redact.Error(err), "in", wait)
+		}
 		c.metrics.reconnects.Add(ctx, 1, c.metrics.with())
 		select {
 		case <-ctx.Done():
@@ -193,10 +258,44 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
+// checkStore checks the store's schema (bounded by StoreTimeout): one not
+// migrated far enough is a fatal error.
+func (c *Consumer) checkStore(ctx context.Context) error {
+	sctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	err := c.store.Check(sctx)
+	if errors.Is(err, dedup.ErrNotMigrated) {
+		return &fatalError{err}
+	}
+	return err
+}
+
 // fatalError is a session error that retrying will not fix.
 type fatalError struct{ err error }
 
 func (e *fatalError) Error() string { return e.err.Error() }
+
+func (e *fatalError) Unwrap() error { return e.err }
+
+// refused reports whether err is the broker's refusal of what this
+// connection is configured with: credentials or permissions (403
+// ACCESS_REFUSED), a vhost (530 NOT_ALLOWED). Retrying does not change it.
+func refused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
+}
+
+// dialError is a dial failure whose text has the credentials redacted and
+// which still wraps the client library's error (errors.Is(err,
+// amqp.ErrCredentials) holds).
+type dialError struct {
+	msg string
+	err error
+}
+
+func (e *dialError) Error() string { return e.msg }
+
+func (e *dialError) Unwrap() error { return e.err }
 
 // dial opens a broker connection named name, on the connection config base
 // (nil: none). A positive timeout bounds the TCP connect and the TLS and
@@ -244,7 +343,7 @@ func dial(ctx context.Context, url string, base *amqp.Config, name string, timeo
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("dial broker %s: %w", redact.URL(url), context.Cause(ctx))
 		}
-		return nil, fmt.Errorf("dial broker %s: %s", redact.URL(url), redact.Error(err))
+		return nil, &dialError{fmt.Sprintf("dial broker %s: %s", redact.URL(url), redact.Error(err)), err}
 	}
 	return conn, nil
 }
@@ -252,7 +351,15 @@ func dial(ctx context.Context, url string, base *amqp.Config, name string, timeo
 // session is one connection's life: declare, consume, handle, until the
 // context ends (nil) or the connection or a channel closes (an error).
 func (c *Consumer) session(ctx context.Context) error {
+	if _, err := amqp.ParseURI(c.cfg.URL); err != nil {
+		return &fatalError{&dialError{fmt.Sprintf("broker URL %s: %s", redact.URL(c.cfg.URL), redact.Error(err)), err}}
+	}
 	conn, err := dial(context.Background(), c.cfg.URL, c.cfg.AMQPConfig, c.cfg.ConnectionName, 0)
+	if refused(err) {
+		// Credentials or a vhost the broker refuses: fatal before the first
+		// consume.
+		return &fatalError{err}
+	}
 	if err != nil {
 		return err
 	}
@@ -267,7 +374,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	if !c.cfg.SkipDeclare {
 		if err := c.topo.Declare(pubCh); err != nil {
 			var amqpErr *amqp.Error
-			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed || refused(err) {
 				return &fatalError{err}
 			}
 			return err
@@ -296,12 +403,13 @@ func (c *Consumer) session(ctx context.Context) error {
 	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
 	if err != nil {
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound || refused(err) {
 			return &fatalError{fmt.Errorf("consume %s: %w", c.cfg.Queue, err)}
 		}
 		return fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
 	}
 	c.consumed.Store(true)
+	c.ready()
 	c.log.Info("consuming", "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
 
 	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.
@@ -349,6 +457,11 @@ func (c *Consumer) session(ctx context.Context) error {
 		lost = fmt.Errorf("publisher channel closed: %w", closeReason(e))
 	case <-workersDone:
 		lost = errors.New("delivery channel closed")
+	}
+	if lost != nil {
+		c.notReady(fmt.Errorf("reconnecting: %s", redact.Error(lost)))
+	} else {
+		c.notReady(errors.New("stopping"))
 	}
 	close(s.stop)
 	if lost != nil {

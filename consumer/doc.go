@@ -62,7 +62,18 @@
 //
 // Run owns the reconnect loop (with backoff), re-declares the topology and
 // consumes again; when its context ends it stops consuming, lets in-flight
-// handlers finish within ShutdownTimeout, acks them and returns nil.
+// handlers finish within ShutdownTimeout, acks them and returns nil. Before
+// its first consume it returns an error for what retrying cannot fix: a
+// schema not migrated (dedup.Store.Check: run `idemq migrate`), a malformed
+// URL, credentials or a vhost the broker refuses. Ready tells a readiness
+// probe whether the consumer consumes.
+//
+// # Logs
+//
+// Handler failures are logged when they happen (a retry as well as a dead
+// letter), with the outcome, the reason and the key hash, never the key; at
+// most 10 lines a second per consumer, the next line saying how many were
+// suppressed.
 //
 // # Testing handlers
 //

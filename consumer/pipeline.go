@@ -3,6 +3,7 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -210,7 +211,9 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 	if err != nil {
 		// The key store is unreachable: an infrastructure failure.
 		for _, it := range items {
-			c.retryOrDeadLetter(s, it, fmt.Errorf("reserve: %w", err))
+			rerr := fmt.Errorf("%w: %w", errReserve, err)
+			c.retryOrDeadLetter(s, it, rerr)
+			c.logFailure("reserve failed", it, rerr)
 		}
 		return nil
 	}
@@ -297,3 +300,7 @@ func bodyBytes(ds []*amqp.Delivery) int64 {
 	}
 	return n
 }
+
+// errReserve marks the failure of a reservation (the key store unreachable,
+// its schema missing).
+var errReserve = errors.New("reserve")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -51,8 +52,8 @@ func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
 // without counting an attempt.
 func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander bool) {
 	it.ev.Err = herr
-	if pe := (*PanicError)(nil); errors.As(herr, &pe) {
-		c.log.Error("handler panicked", "key_hash", it.ev.KeyHash, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	if !bystander {
+		defer c.logFailure("handler failed", it, herr)
 	}
 	if errors.Is(herr, dedup.ErrLeaseLost) {
 		// Another worker owns the key now; its outcome stands. Come back
@@ -70,6 +71,53 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 	default:
 		c.retryOrDeadLetter(s, it, herr)
 	}
+}
+
+// logFailure logs, once the delivery is routed and at most
+// failureLogsPerSecond times a second, a failure that did not commit: the
+// outcome it got (retried, dead_lettered, lease_lost, copy_failed), the
+// reason (the dead-letter reason, else what failed: handler_error,
+// handler_timeout, panic, lease_lost, reserve_error), the key hash (never
+// the key), the attempt and the error. A line after suppressed ones says
+// how many were suppressed.
+func (c *Consumer) logFailure(msg string, it *item, err error) {
+	ok, suppressed := c.failLogs.allow(time.Now())
+	if !ok {
+		return
+	}
+	reason := it.ev.Reason
+	if reason == "" {
+		reason = failureKind(err)
+	}
+	attrs := []any{"outcome", string(it.ev.Outcome), "reason", reason, "key_hash", it.ev.KeyHash,
+		"attempt", it.attempt, "max_attempts", c.cfg.MaxAttempts, "err", redact.Error(err)}
+	if pe := (*PanicError)(nil); errors.As(err, &pe) {
+		attrs = append(attrs, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed", suppressed)
+	}
+	level := slog.LevelWarn
+	if it.ev.Outcome == OutcomeDeadLettered || it.ev.Outcome == OutcomeCopyFailed {
+		level = slog.LevelError
+	}
+	c.log.Log(it.ctx, level, msg, attrs...)
+}
+
+// failureKind names what failed, for the log of a failure that is not
+// dead-lettered.
+func failureKind(err error) string {
+	switch {
+	case errors.Is(err, dedup.ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(err, ErrHandlerTimeout):
+		return "handler_timeout"
+	case errors.As(err, new(*PanicError)):
+		return "panic"
+	case errors.Is(err, errReserve):
+		return "reserve_error"
+	}
+	return "handler_error"
 }
 
 // releaseReason is where a failed run (its lease not lost) goes, in the

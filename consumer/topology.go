@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -35,6 +37,9 @@ type TopologyConfig struct {
 	DeliveryLimit int
 	// ClassicQueues declares classic queues instead of quorum queues.
 	ClassicQueues bool
+	// Bindings bind the work queue to exchanges that publishers publish to.
+	// Retry and dead-letter copies never go through them (docs/topology.md).
+	Bindings []Binding
 
 	// AMQPConfig, when set, is the base of Apply's connection config
 	// (TLSClientConfig, vhost, a Dial function of its own).
@@ -58,7 +63,9 @@ func (c TopologyConfig) WithDefaults() TopologyConfig {
 	return c
 }
 
-func (c TopologyConfig) validate() error {
+// Validate reports what is wrong with c once its defaults are filled in
+// (WithDefaults): what Apply and New refuse.
+func (c TopologyConfig) Validate() error {
 	var errs []error
 	if c.Queue == "" {
 		errs = append(errs, errors.New("queue name is required"))
@@ -72,7 +79,78 @@ func (c TopologyConfig) validate() error {
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
 	}
+	for _, b := range c.Bindings {
+		if err := b.validate(c.Queue); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// Binding binds a work queue to an exchange that publishers (often of
+// other teams) publish to. Only the original publishes arrive through it:
+// idemq sends its retry copies to the queue's tiers through the default
+// exchange, the tiers dead-letter them back to the queue by name, and dead
+// letters go to Q.dlx, so other queues bound to the same exchange never see
+// a copy.
+type Binding struct {
+	// Exchange is the exchange bound from. Required: the default exchange
+	// takes no bindings.
+	Exchange string
+	// Kind is the exchange's type (amqp.ExchangeTopic, ExchangeDirect,
+	// ExchangeFanout, ExchangeHeaders or a plugin's type). Required when
+	// Declare is set.
+	Kind string
+	// Key is the binding key: the routing key of a direct exchange, a
+	// pattern of a topic exchange (order.*, order.#). Fanout and headers
+	// exchanges ignore it.
+	Key string
+	// Args are the binding's arguments: what a headers exchange matches
+	// (x-match all or any, and the header values).
+	Args amqp.Table
+	// Declare declares the exchange (durable, of Kind) before binding, as
+	// idempotently as the queues. Without it the exchange must exist: it
+	// belongs to the publishers' topology, and binding to a missing one
+	// fails with NOT_FOUND.
+	Declare bool
+}
+
+func (b Binding) validate(queue string) error {
+	switch {
+	case b.Exchange == "":
+		return fmt.Errorf("binding of %s: exchange name is required (the default exchange takes no bindings)", queue)
+	case b.Exchange == queue+".dlx":
+		return fmt.Errorf("binding of %s to %s: its own dead-letter exchange would send dead letters back to it", queue, b.Exchange)
+	case b.Declare && b.Kind == "":
+		return fmt.Errorf("binding of %s to %s: declaring the exchange needs its kind", queue, b.Exchange)
+	}
+	if err := b.Args.Validate(); err != nil {
+		return fmt.Errorf("binding of %s to %s: arguments: %w", queue, b.Exchange, err)
+	}
+	return nil
+}
+
+// String is how the CLI and the docs write a binding:
+// exchange[:kind]:key, and a headers binding's arguments as
+// exchange:kind:name=value,… (sorted by name).
+func (b Binding) String() string {
+	s := b.Exchange
+	if b.Kind != "" {
+		s += ":" + b.Kind
+	}
+	s += ":" + b.Key
+	if len(b.Args) > 0 {
+		args := make([]string, 0, len(b.Args))
+		for k, v := range b.Args {
+			args = append(args, fmt.Sprintf("%s=%v", k, v))
+		}
+		slices.Sort(args)
+		if b.Key != "" {
+			s += " "
+		}
+		s += strings.Join(args, ",")
+	}
+	return s
 }
 
 // Topology names the queues and exchanges of one work queue Q:
@@ -91,6 +169,8 @@ type Topology struct {
 	ClassicQueues bool
 	// DeliveryLimit is the work queue's x-delivery-limit (quorum queues only).
 	DeliveryLimit int
+	// Bindings bind the work queue to publishers' exchanges.
+	Bindings []Binding
 }
 
 // NewTopology returns the topology cfg shapes (defaults applied).
@@ -103,6 +183,7 @@ func NewTopology(cfg TopologyConfig) Topology {
 		Delays:        retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
 		ClassicQueues: c.ClassicQueues,
 		DeliveryLimit: c.DeliveryLimit,
+		Bindings:      c.Bindings,
 	}
 }
 
@@ -183,34 +264,57 @@ func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 	return args
 }
 
-// Declare declares the whole topology on ch. It is idempotent: declaring
+// WorkQueueArgs are the arguments Declare gives the work queue.
+func (t Topology) WorkQueueArgs() amqp.Table {
+	work := amqp.Table{"x-dead-letter-exchange": t.DLX}
+	if !t.ClassicQueues {
+		work["x-delivery-limit"] = int64(t.DeliveryLimit)
+	}
+	return t.queueArgs(work)
+}
+
+// TierArgs are the arguments Declare gives the retry tier of delay d.
+func (t Topology) TierArgs(d time.Duration) amqp.Table {
+	return t.queueArgs(amqp.Table{
+		"x-message-ttl":             d.Milliseconds(),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": t.Queue,
+	})
+}
+
+// DLQArgs are the arguments Declare gives the dead-letter queue.
+func (t Topology) DLQArgs() amqp.Table { return t.queueArgs(nil) }
+
+// Declare declares the whole topology on ch, the work queue's bindings
+// last (with the exchanges they declare). It is idempotent: declaring
 // again with the same configuration changes nothing.
 func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DLX, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", t.DLX, err)
 	}
-	if _, err := ch.QueueDeclare(t.DLQ, true, false, false, false, t.queueArgs(nil)); err != nil {
+	if _, err := ch.QueueDeclare(t.DLQ, true, false, false, false, t.DLQArgs()); err != nil {
 		return fmt.Errorf("declare queue %s: %w", t.DLQ, err)
 	}
 	if err := ch.QueueBind(t.DLQ, "", t.DLX, false, nil); err != nil {
 		return fmt.Errorf("bind %s to %s: %w", t.DLQ, t.DLX, err)
 	}
-	work := amqp.Table{"x-dead-letter-exchange": t.DLX}
-	if !t.ClassicQueues {
-		work["x-delivery-limit"] = int64(t.DeliveryLimit)
-	}
-	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, t.queueArgs(work)); err != nil {
+	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, t.WorkQueueArgs()); err != nil {
 		return fmt.Errorf("declare queue %s: %w", t.Queue, err)
 	}
 	for _, d := range t.Delays {
 		name := t.TierName(d)
-		args := t.queueArgs(amqp.Table{
-			"x-message-ttl":             d.Milliseconds(),
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": t.Queue,
-		})
-		if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		if _, err := ch.QueueDeclare(name, true, false, false, false, t.TierArgs(d)); err != nil {
 			return fmt.Errorf("declare queue %s: %w", name, err)
+		}
+	}
+	for _, b := range t.Bindings {
+		if b.Declare {
+			if err := ch.ExchangeDeclare(b.Exchange, b.Kind, true, false, false, false, nil); err != nil {
+				return fmt.Errorf("declare exchange %s (%s): %w", b.Exchange, b.Kind, err)
+			}
+		}
+		if err := ch.QueueBind(t.Queue, b.Key, b.Exchange, false, b.Args); err != nil {
+			return fmt.Errorf("bind %s to exchange %s with key %q: %w", t.Queue, b.Exchange, b.Key, err)
 		}
 	}
 	return nil
@@ -221,7 +325,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 // bounded by cfg.DialTimeout; the whole of it ends when ctx does.
 func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
 	c := cfg.WithDefaults()
-	if err := c.validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	conn, err := dial(ctx, url, c.AMQPConfig, c.ConnectionName, c.DialTimeout)

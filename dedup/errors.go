@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // Sentinel errors. Test them with errors.Is, never by their text. Each reads
@@ -41,9 +43,10 @@ var (
 	// it with reason idempotency_key_reuse.
 	ErrKeyReuse = errors.New("the key was first used with another fingerprint")
 
-	// ErrNotMigrated means a table this build needs does not exist: run
-	// schema.Migrate (or `idemq migrate`).
-	ErrNotMigrated = errors.New("the schema is not migrated")
+	// ErrNotMigrated means a table this build needs does not exist, or the
+	// schema lacks migrations this build needs: run schema.Migrate (or
+	// `idemq migrate`). It is schema.ErrNotMigrated.
+	ErrNotMigrated = schema.ErrNotMigrated
 
 	// ErrFingerprint means the significant content could not be read (for
 	// example, a field fingerprint over a body that is not a JSON object).

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup/schema"
 )
 
 // Store is the Postgres key store. It is safe for concurrent use.
@@ -20,7 +22,8 @@ type Store struct {
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
-// must exist: run schema.Migrate first (or `idemq migrate`).
+// must exist: run schema.Migrate first (or `idemq migrate`); NewStore does
+// not look at the database, Check does (consumer.Run calls it).
 func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("dedup: nil pool")
@@ -34,6 +37,20 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 
 // Config returns the store's configuration with defaults filled in.
 func (s *Store) Config() Config { return s.cfg }
+
+// Check reports whether the store's schema is migrated as far as this build
+// needs. A schema never migrated, or one an older idemq left behind, is an
+// error wrapping ErrNotMigrated that says to run `idemq migrate` (or
+// schema.Migrate); a schema a later idemq migrated further is accepted.
+// NewStore takes no context and does not look at the database: consumer.Run
+// calls Check before it connects to the broker, and so may anyone who uses
+// the store on its own.
+func (s *Store) Check(ctx context.Context) error {
+	if err := schema.Check(ctx, s.pool, s.cfg.Schema); err != nil {
+		return fmt.Errorf("dedup: %w", err)
+	}
+	return nil
+}
 
 // Pool returns the pool the store runs its own statements on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/claim"
+	"github.com/idemq/idemq/internal/propagator"
 )
 
 // Message is one message to publish. Only Exchange or RoutingKey, and Body,
@@ -56,8 +56,9 @@ type Config struct {
 	// retention and its backlog all work on this schema.
 	Schema string
 	// Propagator injects the caller's trace context into each row. Default:
-	// otel.GetTextMapPropagator(). Only its traceparent and tracestate
-	// fields are stored, so it should speak W3C Trace Context.
+	// the global propagator once a program has set one, else W3C
+	// TraceContext + Baggage. Only its traceparent and tracestate fields are
+	// stored, so it should speak W3C Trace Context.
 	Propagator propagation.TextMapPropagator
 }
 
@@ -204,7 +205,7 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 		orderingKey = m.OrderingKey
 	}
 	carrier := propagation.MapCarrier{}
-	cmp.Or[propagation.TextMapPropagator](o.cfg.Propagator, otel.GetTextMapPropagator()).Inject(ctx, carrier)
+	propagator.Or(o.cfg.Propagator).Inject(ctx, carrier)
 	if v := carrier["traceparent"]; v != "" {
 		traceparent = v
 	}

@@ -19,7 +19,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -41,7 +43,10 @@ type Relay struct {
 	inst   instruments
 
 	running atomic.Bool
-	counts  struct {
+	// connected: a lane of this Run got a broker session; from then on a
+	// refusal is retried.
+	connected atomic.Bool
+	counts    struct {
 		published, returned, nacked, timedOut, parked, reconnects atomic.Int64
 	}
 }
@@ -77,7 +82,7 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		sql:    newRelayStatements(schema),
 		log:    cmp.Or(c.Logger, slog.Default()).With("component", "outbox-relay", "schema", schema),
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
-		prop:   cmp.Or[propagation.TextMapPropagator](c.Propagator, otel.GetTextMapPropagator()),
+		prop:   propagator.Or(c.Propagator),
 	}
 	inst, err := newInstruments(c.MeterProvider)
 	if err != nil {
@@ -109,14 +114,25 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run relays until ctx ends, then finishes the batch in flight, closes its
 // connections and returns nil. Broker and database failures are retried
-// with backoff, never returned: rows whose batch did not commit stay
-// pending and are published again later, with the same message id. Run
-// returns an error only when called while already running.
+// with backoff: rows whose batch did not commit stay pending and are
+// published again later, with the same message id. Run returns an error
+// when called while already running, when the outbox's schema is not
+// migrated as far as this build needs (schema.Check: run `idemq migrate`),
+// and when the broker refuses its first connection for a reason retrying
+// cannot fix (credentials or permissions, 403 ACCESS_REFUSED; a vhost, 530
+// NOT_ALLOWED). A database or broker out of reach is retried from the
+// start, and once connected every failure is retried.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay is already running")
 	}
 	defer r.running.Store(false)
+	r.connected.Store(false)
+	if err := r.checkSchema(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	unregister := r.registerGauges()
 	defer unregister()
@@ -125,15 +141,44 @@ func (r *Relay) Run(ctx context.Context) error {
 	for i := range lanes {
 		lanes[i] = &lane{wake: make(chan struct{}, 1)}
 	}
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		failOnce sync.Once
+		failed   error
+	)
 	if !r.cfg.NoNotify {
 		wg.Go(func() { r.listen(ctx, lanes) })
 	}
 	for _, l := range lanes {
-		wg.Go(func() { r.runLane(ctx, l) })
+		wg.Go(func() {
+			if err := r.runLane(ctx, l); err != nil {
+				failOnce.Do(func() { failed = err })
+				cancel()
+			}
+		})
 	}
 	wg.Wait()
-	return nil
+	return failed
+}
+
+// checkSchema waits, with backoff while the database is out of reach, for
+// the outbox's schema to be checked (schema.Check). A schema not migrated
+// far enough is an error; ctx ending is not.
+func (r *Relay) checkSchema(ctx context.Context) error {
+	bo := r.reconnectBackoff()
+	for {
+		err := schema.Check(ctx, r.pool, r.ob.cfg.Schema)
+		switch {
+		case err == nil, ctx.Err() != nil:
+			return nil
+		case errors.Is(err, schema.ErrNotMigrated):
+			return fmt.Errorf("outbox: relay: %w", err)
+		}
+		r.log.Warn("outbox relay cannot check its schema; retrying", "error", redact.Error(err))
+		if !sleepCtx(ctx, bo.NextBackOff()) {
+			return nil
+		}
+	}
 }
 
 // lane is one batch in flight at a time, on a broker session of its own.
@@ -145,8 +190,9 @@ type lane struct {
 }
 
 // runLane relays batches on one lane until ctx ends, reconnecting with
-// backoff.
-func (r *Relay) runLane(ctx context.Context, l *lane) {
+// backoff. It returns an error only for a refusal of the broker before any
+// lane connected (see brokerRefused).
+func (r *Relay) runLane(ctx context.Context, l *lane) error {
 	bo := r.reconnectBackoff()
 	for ctx.Err() == nil {
 		s, err := r.connect(ctx)
@@ -154,13 +200,21 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 			if ctx.Err() != nil {
 				break
 			}
-			r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
+			if !r.connected.Load() {
+				if brokerRefused(err) {
+					return fmt.Errorf("outbox: relay: %w", err)
+				}
+				r.log.Warn("outbox relay cannot reach the broker (never connected yet); retrying", "error", redact.Error(err))
+			} else {
+				r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
+			}
 			r.reconnected(ctx)
 			if !sleepCtx(ctx, bo.NextBackOff()) {
 				break
 			}
 			continue
 		}
+		r.connected.Store(true)
 		served, err := r.serve(ctx, s, l)
 		s.close()
 		if err == nil || ctx.Err() != nil {
@@ -175,6 +229,15 @@ func (r *Relay) runLane(ctx context.Context, l *lane) {
 			break
 		}
 	}
+	return nil
+}
+
+// brokerRefused reports whether err is the broker's refusal of what the relay's
+// connection is configured with: credentials or permissions (403
+// ACCESS_REFUSED), a vhost (530 NOT_ALLOWED). Retrying does not change it.
+func brokerRefused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
 }
 
 func (r *Relay) reconnected(ctx context.Context) {

@@ -81,7 +81,8 @@ type RelayConfig struct {
 	// MeterProvider makes the relay's metrics. Default otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 	// Propagator writes the publish span's context into the message headers.
-	// Default otel.GetTextMapPropagator().
+	// Default: the global propagator once a program has set one, else W3C
+	// TraceContext + Baggage, so the next consumer continues the trace.
 	Propagator propagation.TextMapPropagator
 }
 

@@ -232,3 +232,27 @@ func Version(ctx context.Context, pool *pgxpool.Pool, schema string) (applied, k
 	}
 	return int(v), known, nil
 }
+
+// ErrNotMigrated means a schema lacks migrations this build needs: run
+// Migrate (or `idemq migrate`).
+var ErrNotMigrated = errors.New("the schema is not migrated")
+
+// Check reports whether schema ("" means Default) is migrated as far as
+// this build needs: a schema never migrated, or one an older idemq left
+// behind, is an error wrapping ErrNotMigrated that says to run `idemq
+// migrate`; a schema a later idemq migrated further is accepted.
+func Check(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	applied, known, err := Version(ctx, pool, schema)
+	if err != nil {
+		return err
+	}
+	schema, _ = resolve(schema)
+	switch {
+	case applied == 0:
+		return fmt.Errorf("schema %s: %w: run `idemq migrate --schema %s` (or schema.Migrate)", schema, ErrNotMigrated, schema)
+	case applied < known:
+		return fmt.Errorf("schema %s is at version %d, this build needs %d: %w: run `idemq migrate --schema %s` (or schema.Migrate)",
+			schema, applied, known, ErrNotMigrated, schema)
+	}
+	return nil
+}

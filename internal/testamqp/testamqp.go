@@ -239,3 +239,22 @@ func AddUser(tb testing.TB, prefix string) (user, url string) {
 	uri.Username, uri.Password = user, password
 	return user, uri.String()
 }
+
+// SetPermissions grants user every permission on the test vhost (allow) or
+// clears them all, so that the broker refuses the user's connections to it
+// with 530 NOT_ALLOWED. For tests of what a consumer does when the broker
+// starts refusing it.
+func SetPermissions(tb testing.TB, user string, allow bool) {
+	tb.Helper()
+	uri, err := amqp.ParseURI(URL())
+	if err != nil {
+		tb.Fatalf("testamqp: parse %s: %v", URL(), err)
+	}
+	args := []string{"clear_permissions", "-p", uri.Vhost, user}
+	if allow {
+		args = []string{"set_permissions", "-p", uri.Vhost, user, ".*", ".*", ".*"}
+	}
+	if out, err := exec.CommandContext(context.Background(), "rabbitmqctl", args...).CombinedOutput(); err != nil {
+		tb.Fatalf("testamqp: rabbitmqctl %s: %v: %s", args[0], err, out)
+	}
+}

@@ -293,13 +293,15 @@ func nonEmpty(flags *pflag.FlagSet, names ...string) error {
 // startTelemetry sets up OpenTelemetry for a long-running command from the
 // OTEL_* variables (traces exported over OTLP when an endpoint is set) and
 // serves Prometheus metrics on metricsAddr when it is set. Main flushes and
-// stops it when the command returns.
-func (a *app) startTelemetry(ctx context.Context, metricsAddr string) error {
+// stops it when the command returns. ready, when not nil, answers /healthz
+// (see telemetry.HealthHandler).
+func (a *app) startTelemetry(ctx context.Context, metricsAddr string, ready func() error) error {
 	tel, err := telemetry.Setup(ctx, telemetry.Options{
 		ServiceName:    telemetry.DefaultServiceName,
 		ServiceVersion: Version,
 		MetricsAddr:    metricsAddr,
 		Logger:         a.log,
+		Ready:          ready,
 	})
 	if err != nil {
 		return err

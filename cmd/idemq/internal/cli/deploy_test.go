@@ -6,12 +6,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // The deploy files run this binary: their commands, flags and environment
@@ -94,6 +97,7 @@ func TestDockerComposeRunsTheBinaryAsItIs(t *testing.T) {
 			Build       any            `yaml:"build"`
 			Command     []string       `yaml:"command"`
 			Environment map[string]any `yaml:"environment"`
+			Volumes     []string       `yaml:"volumes"`
 		} `yaml:"services"`
 	}
 	b, err := os.ReadFile("../../../../deploy/docker-compose.yml")
@@ -104,6 +108,8 @@ func TestDockerComposeRunsTheBinaryAsItIs(t *testing.T) {
 		t.Fatalf("docker-compose.yml does not parse: %v", err)
 	}
 	var ours int
+	var forwards [][]string
+	var applied bool
 	for name, svc := range doc.Services {
 		if svc.Image != deployImage {
 			continue
@@ -117,6 +123,15 @@ func TestDockerComposeRunsTheBinaryAsItIs(t *testing.T) {
 			continue
 		}
 		checkInvocation(t, "compose service "+name, svc.Command)
+		if svc.Command[0] == "forward" {
+			forwards = append(forwards, svc.Command)
+		}
+		if path, ok := appliedFile(svc.Command); ok {
+			applied = true
+			if !slices.Contains(svc.Volumes, "./topology.yaml:"+path+":ro") {
+				t.Errorf("service %s applies %s, but does not mount ./topology.yaml there: %v", name, path, svc.Volumes)
+			}
+		}
 		env := map[string]string{}
 		var names []string
 		for k, v := range svc.Environment {
@@ -137,13 +152,79 @@ func TestDockerComposeRunsTheBinaryAsItIs(t *testing.T) {
 	if ours < 3 {
 		t.Errorf("only %d services run %s", ours, deployImage)
 	}
+	if !applied {
+		t.Error("no compose service runs topology apply -f with deploy/topology.yaml")
+	}
+	checkForwardsMatchTopologyFile(t, "docker-compose.yml", forwards)
+}
+
+const topologyFilePath = "../../../../deploy/topology.yaml"
+
+// appliedFile is the FILE of `topology apply -f FILE`.
+func appliedFile(args []string) (string, bool) {
+	if len(args) == 4 && args[0] == "topology" && args[1] == "apply" && (args[2] == "-f" || args[2] == "--file") {
+		return args[3], true
+	}
+	return "", false
+}
+
+// The deployment's topology file is valid, and every forward of the deploy
+// files consumes one of its work queues with the same topology (the worker
+// declares it on connect; another one would be refused) and publishes to
+// one of its exchanges.
+func checkForwardsMatchTopologyFile(t *testing.T, where string, forwards [][]string) {
+	t.Helper()
+	d, err := loadTopologyFile(topologyFilePath)
+	if err != nil {
+		t.Fatalf("deploy/topology.yaml: %v", err)
+	}
+	if len(forwards) == 0 {
+		t.Errorf("%s: no forward", where)
+	}
+	for _, args := range forwards {
+		a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+		cmd, rest, err := a.rootCommand().Find(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		f := cmd.Flags()
+		var tf topologyFlags
+		tf.queue, _ = f.GetString("queue")
+		tf.maxAttempts, _ = f.GetInt("max-attempts")
+		tf.retryInitial, _ = f.GetDuration("retry-initial")
+		tf.retryMultiplier, _ = f.GetFloat64("retry-multiplier")
+		tf.retryMax, _ = f.GetDuration("retry-max")
+		tf.deliveryLimit, _ = f.GetInt("delivery-limit")
+		tf.classic, _ = f.GetBool("classic")
+		to, _ := f.GetString("to-exchange")
+		i := slices.IndexFunc(d.queues, func(q consumer.TopologyConfig) bool { return q.Queue == tf.queue })
+		if i < 0 {
+			t.Errorf("%s: forward consumes %s, which deploy/topology.yaml does not declare", where, tf.queue)
+			continue
+		}
+		file := consumer.NewTopology(d.queues[i])
+		file.Bindings = nil
+		if flags := consumer.NewTopology(tf.config()); !reflect.DeepEqual(flags, file) {
+			t.Errorf("%s: forward declares %+v, deploy/topology.yaml %+v", where, flags, file)
+		}
+		if !slices.ContainsFunc(d.exchanges, func(x fileExchange) bool { return x.Name == to }) {
+			t.Errorf("%s: forward publishes to %s, which deploy/topology.yaml does not declare", where, to)
+		}
+	}
 }
 
 type k8sContainer struct {
-	Name  string   `yaml:"name"`
-	Image string   `yaml:"image"`
-	Args  []string `yaml:"args"`
-	Env   []struct {
+	Name         string   `yaml:"name"`
+	Image        string   `yaml:"image"`
+	Args         []string `yaml:"args"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+	} `yaml:"volumeMounts"`
+	Env []struct {
 		Name  string `yaml:"name"`
 		Value string `yaml:"value"`
 	} `yaml:"env"`
@@ -152,6 +233,12 @@ type k8sContainer struct {
 type k8sPodSpec struct {
 	Containers     []k8sContainer `yaml:"containers"`
 	InitContainers []k8sContainer `yaml:"initContainers"`
+	Volumes        []struct {
+		Name      string `yaml:"name"`
+		ConfigMap struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMap"`
+	} `yaml:"volumes"`
 }
 
 type k8sObject struct {
@@ -179,6 +266,10 @@ func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 		t.Fatalf("no manifests: %v", err)
 	}
 	kinds := map[string]int{}
+	var forwards [][]string
+	configMaps := map[string]map[string]string{}
+	type mounted struct{ where, configMap, path string }
+	var applies []mounted
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -197,6 +288,9 @@ func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 			kinds[obj.Kind]++
 			where := filepath.Base(f) + " " + obj.Kind + "/" + obj.Metadata.Name
 			if obj.Kind == "ConfigMap" {
+				configMaps[obj.Metadata.Name] = obj.Data
+			}
+			if obj.Kind == "ConfigMap" && obj.Metadata.Name == "idemq-config" {
 				var names []string
 				for k := range obj.Data {
 					names = append(names, k)
@@ -213,6 +307,20 @@ func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 					continue
 				}
 				checkInvocation(t, where, c.Args)
+				if len(c.Args) > 0 && c.Args[0] == "forward" {
+					forwards = append(forwards, c.Args)
+				}
+				if path, ok := appliedFile(c.Args); ok {
+					m := mounted{where: where, path: path}
+					for _, vm := range c.VolumeMounts {
+						for _, v := range pod.Volumes {
+							if v.Name == vm.Name && filepath.Dir(path) == vm.MountPath {
+								m.configMap = v.ConfigMap.Name
+							}
+						}
+					}
+					applies = append(applies, m)
+				}
 				var names []string
 				values := map[string]string{}
 				for _, e := range c.Env {
@@ -231,6 +339,25 @@ func TestKubernetesManifestsRunTheBinaryAsItIs(t *testing.T) {
 	if kinds["Deployment"] < 2 {
 		t.Errorf("want a worker and a relay Deployment, have %d Deployments", kinds["Deployment"])
 	}
+	want, err := os.ReadFile(topologyFilePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applies) == 0 {
+		t.Error("no container runs topology apply -f")
+	}
+	for _, m := range applies {
+		data, ok := configMaps[m.configMap]
+		switch {
+		case m.configMap == "":
+			t.Errorf("%s: %s is not mounted from a ConfigMap", m.where, m.path)
+		case !ok:
+			t.Errorf("%s: ConfigMap %s is in no manifest", m.where, m.configMap)
+		case data[filepath.Base(m.path)] != string(want):
+			t.Errorf("%s: ConfigMap %s's %s is not a copy of deploy/topology.yaml", m.where, m.configMap, filepath.Base(m.path))
+		}
+	}
+	checkForwardsMatchTopologyFile(t, "deploy/k8s", forwards)
 }
 
 func TestDockerfileBuildsTheBinary(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +20,7 @@ import (
 
 // metricsFlag registers --metrics-addr.
 func (a *app) metricsFlag(f *pflag.FlagSet, addr *string) {
-	f.StringVar(addr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics) and a health check (/healthz) are served, e.g. :9090 (default: none)")
+	f.StringVar(addr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics) and a readiness check (/healthz: a forwarder answers 503 until it consumes and while it reconnects) are served, e.g. :9090 (default: none)")
 }
 
 func (a *app) forwardCommand() *cobra.Command {
@@ -115,7 +116,16 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			if err := a.checkBroker(toExchange); err != nil {
 				return err
 			}
-			if err := a.startTelemetry(ctx, metricsAddr); err != nil {
+			// /healthz answers 503 until the stage consumes, and while it
+			// reconnects.
+			var stage atomic.Pointer[forward.Stage]
+			ready := func() error {
+				if s := stage.Load(); s != nil {
+					return s.Ready()
+				}
+				return consumer.ErrNotReady
+			}
+			if err := a.startTelemetry(ctx, metricsAddr, ready); err != nil {
 				return err
 			}
 			ccfg := consumer.Config{
@@ -136,7 +146,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			cfg := a.amqpConfig(ccfg.ConnectionName)
 			ccfg.AMQPConfig = &cfg
 			t.apply(&ccfg)
-			stage, err := forward.New(store, forward.Config{
+			st, err := forward.New(store, forward.Config{
 				Consumer:     ccfg,
 				Exchange:     toExchange,
 				RoutingKey:   toRoutingKey,
@@ -146,7 +156,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			if err != nil {
 				return err
 			}
-			return stage.Run(ctx)
+			stage.Store(st)
+			return st.Run(ctx)
 		}),
 	}
 	f := cmd.Flags()
@@ -244,7 +255,7 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			if err := a.checkBroker(""); err != nil {
 				return err
 			}
-			if err := a.startTelemetry(ctx, metricsAddr); err != nil {
+			if err := a.startTelemetry(ctx, metricsAddr, nil); err != nil {
 				return err
 			}
 			ob, err := outbox.New(pool, &outbox.Config{Schema: a.schema})

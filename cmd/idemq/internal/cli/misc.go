@@ -50,7 +50,7 @@ recreates.`,
 			}
 			// The scenario and its workers (this command again) trace when
 			// OTEL_EXPORTER_OTLP_ENDPOINT is set.
-			if err := a.startTelemetry(cmd.Context(), ""); err != nil {
+			if err := a.startTelemetry(cmd.Context(), "", nil); err != nil {
 				return err
 			}
 			rep, err := demo.Run(cmd.Context(), o, a.stdout)

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -81,9 +82,13 @@ func (t *topologyFlags) apply(c *consumer.Config) {
 }
 
 func (a *app) topologyCommand() *cobra.Command {
-	var t topologyFlags
+	var (
+		t     topologyFlags
+		binds []string
+		file  string
+	)
 	apply := &cobra.Command{
-		Use:   "apply --queue Q",
+		Use:   "apply (--queue Q [--bind EXCHANGE[:KIND]:KEY]... | -f FILE)",
 		Short: "Declare a work queue, its retry tiers and its dead-letter queue",
 		Long: `Declare the RabbitMQ topology of work queue Q:
 
@@ -96,15 +101,26 @@ The retry delays follow an exponential backoff: --retry-initial, multiplied by
 (--max-attempts - 1 of them). Declaring is idempotent: applying the same flags
 again changes nothing. RabbitMQ refuses to redeclare a queue with other
 arguments; delete it first to change them. Consumers (idemq forward) declare
-the same topology on connect, so give them the same flags.`,
+the same topology on connect, so give them the same flags.
+
+--bind EXCHANGE[:KIND]:KEY (repeatable) binds Q to an exchange publishers
+publish to. With a KIND (direct, fanout, topic, headers, x-…) the exchange is
+declared, durable; without one it must exist. A headers binding's KEY is the
+arguments it matches: x-match=all,type=refund. Retry and dead-letter copies
+never go back through these exchanges.
+
+-f FILE declares every work queue and exchange of a topology file instead
+(docs/topology.md); 'idemq topology diff -f FILE' compares it with the broker.`,
 		Example: `  idemq topology apply --queue payments
-  idemq topology apply --queue payments --max-attempts 4 --retry-initial 500ms --retry-multiplier 4 --retry-max 1m`,
+  idemq topology apply --queue payments --max-attempts 4 --retry-initial 500ms --retry-multiplier 4 --retry-max 1m
+  idemq topology apply --queue payments --bind orders:topic:order.created --bind orders:topic:order.paid
+  idemq topology apply -f deploy/topology.yaml`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
-			if err := t.validate(); err != nil {
+			d, err := t.deployment(cmd, binds, file)
+			if err != nil {
 				return err
 			}
-			topo := consumer.NewTopology(t.config())
 			conn, err := a.dialAMQP("idemq-topology-apply")
 			if err != nil {
 				return err
@@ -115,20 +131,69 @@ the same topology on connect, so give them the same flags.`,
 				return fmt.Errorf("open channel: %w", err)
 			}
 			defer ch.Close()
-			if err := topo.Declare(ch); err != nil {
-				var ae *amqp.Error
-				if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-					return fmt.Errorf("%w (a queue exists with other arguments: delete it, or apply the flags it was declared with)", err)
+			for _, x := range d.exchanges {
+				if err := ch.ExchangeDeclare(x.Name, x.Kind, true, false, false, false, nil); err != nil {
+					return refusal(fmt.Errorf("declare exchange %s (%s): %w", x.Name, x.Kind, err))
 				}
-				return err
 			}
-			printTopology(a, topo)
+			for _, tc := range d.queues {
+				topo := consumer.NewTopology(tc)
+				if err := topo.Declare(ch); err != nil {
+					return refusal(err)
+				}
+				printTopology(a, topo)
+			}
+			for _, x := range d.exchanges {
+				fmt.Fprintf(a.stdout, "exchange  %s  outbox target (%s)\n", x.Name, x.Kind)
+			}
 			return nil
 		}),
 	}
-	t.register(apply.Flags())
-	requireFlags(apply, "queue")
-	return group("topology", "Manage the RabbitMQ topology of work queues", "", apply, a.topologyDeleteCommand())
+	f := apply.Flags()
+	t.register(f)
+	f.StringArrayVar(&binds, "bind", nil, "bind Q to EXCHANGE[:KIND]:KEY, declaring the exchange when KIND is given (repeatable)")
+	f.StringVarP(&file, "file", "f", "", "declare every work queue and exchange of this topology file")
+	apply.MarkFlagsOneRequired("queue", "file")
+	return group("topology", "Manage the RabbitMQ topology of work queues", "", apply, a.topologyDiffCommand(), a.topologyDeleteCommand())
+}
+
+// refusal adds a hint to a broker's refusal of a queue redeclared with
+// other arguments.
+func refusal(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		return fmt.Errorf("%w (a queue or exchange exists with other arguments: delete it, or apply the settings it was declared with; 'idemq topology diff' shows them)", err)
+	}
+	return err
+}
+
+// deployment is what apply declares: the topology file, or the one work
+// queue the flags shape. The two do not mix.
+func (t *topologyFlags) deployment(cmd *cobra.Command, binds []string, file string) (deployment, error) {
+	if file != "" {
+		var given []string
+		cmd.Flags().Visit(func(f *pflag.Flag) {
+			if f.Name != "file" && cmd.LocalFlags().Lookup(f.Name) != nil {
+				given = append(given, "--"+f.Name)
+			}
+		})
+		if len(given) > 0 {
+			return deployment{}, usagef("-f describes every queue: %s does not go with it", strings.Join(given, ", "))
+		}
+		return loadTopologyFile(file)
+	}
+	if err := t.validate(); err != nil {
+		return deployment{}, err
+	}
+	tc := t.config()
+	for _, s := range binds {
+		b, err := parseBind(t.queue, s)
+		if err != nil {
+			return deployment{}, err
+		}
+		tc.Bindings = append(tc.Bindings, b)
+	}
+	return deployment{queues: []consumer.TopologyConfig{tc}}, nil
 }
 
 func printTopology(a *app, topo consumer.Topology) {
@@ -147,5 +212,12 @@ func printTopology(a *app, topo consumer.Topology) {
 	}
 	fmt.Fprintf(w, "exchange\t%s\tdead-letter exchange (fanout)\n", topo.DLX)
 	fmt.Fprintf(w, "queue\t%s\tdead-letter queue (%s)\n", topo.DLQ, kind)
+	for _, b := range topo.Bindings {
+		how := "existing exchange"
+		if b.Declare {
+			how = "exchange declared"
+		}
+		fmt.Fprintf(w, "binding\t%s\t%s ← %s (%s)\n", b, topo.Queue, b.Exchange, how)
+	}
 	_ = w.Flush()
 }

@@ -74,13 +74,9 @@ delay is left behind; name its policy with the retry flags, or use
 			if err := a.checkAMQPURL(); err != nil {
 				return err
 			}
-			var mgmt *url.URL
-			if managementURL != "" {
-				u, err := url.Parse(managementURL)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return usagef("--management-url %s: want an http:// or https:// URL", redact.URL(managementURL))
-				}
-				mgmt = u
+			mgmt, err := parseManagementURL(managementURL)
+			if err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			var tiers []string
@@ -256,9 +252,32 @@ func deleteTopology(a *app, conn *amqp.Connection, found []topologyEntity) error
 // management API and returns those named like a retry tier of queue:
 // queue.retry.<a duration>.
 func (a *app) managementTiers(ctx context.Context, mgmt *url.URL, queue string) ([]string, error) {
+	var queues []managedQueue
+	if err := a.managementGet(ctx, mgmt, "queues", "?columns=name", &queues); err != nil {
+		return nil, fmt.Errorf("list queues through the management API: %w", err)
+	}
+	return retryTiers(queue, queues), nil
+}
+
+// parseManagementURL checks --management-url: nil when it is not given.
+func parseManagementURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usagef("--management-url %s: want an http:// or https:// URL", redact.URL(s))
+	}
+	return u, nil
+}
+
+// managementGet reads /api/<what>/<vhost of --amqp-url>[/<more…>]<query>
+// from the management API into out, with the credentials of mgmt, else
+// those of --amqp-url. Each of more is one escaped path segment.
+func (a *app) managementGet(ctx context.Context, mgmt *url.URL, what, query string, out any, more ...string) error {
 	uri, err := amqp.ParseURI(a.amqpURL)
 	if err != nil {
-		return nil, usagef("--amqp-url %s: %s", redact.URL(a.amqpURL), redact.Error(err))
+		return usagef("--amqp-url %s: %s", redact.URL(a.amqpURL), redact.Error(err))
 	}
 	user, pass := uri.Username, uri.Password
 	if mgmt.User != nil {
@@ -268,27 +287,30 @@ func (a *app) managementTiers(ctx context.Context, mgmt *url.URL, queue string) 
 	base := *mgmt
 	base.User, base.RawQuery, base.Fragment = nil, "", ""
 	// The vhost is one path segment: "/" is %2F.
-	endpoint := strings.TrimSuffix(base.String(), "/") + "/api/queues/" + url.PathEscape(uri.Vhost) + "?columns=name"
+	endpoint := strings.TrimSuffix(base.String(), "/") + "/api/" + what + "/" + url.PathEscape(uri.Vhost)
+	for _, seg := range more {
+		endpoint += "/" + url.PathEscape(seg)
+	}
+	endpoint += query
 	rctx, cancel := context.WithTimeout(ctx, 2*a.connectTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, endpoint, nil)
 	if err != nil {
-		return nil, fmt.Errorf("management API request: %w", err)
+		return fmt.Errorf("management API request: %w", err)
 	}
 	req.SetBasicAuth(user, pass)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("list queues through the management API at %s: %s", redact.URL(mgmt.String()), cause(err, a.connectTimeout))
+		return fmt.Errorf("management API at %s: %s", redact.URL(mgmt.String()), cause(err, a.connectTimeout))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("list queues through the management API at %s: %s", redact.URL(mgmt.String()), resp.Status)
+		return fmt.Errorf("management API at %s: %s", redact.URL(mgmt.String()), resp.Status)
 	}
-	var queues []managedQueue
-	if err := json.NewDecoder(resp.Body).Decode(&queues); err != nil {
-		return nil, fmt.Errorf("list queues through the management API: %w", err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("management API answer: %w", err)
 	}
-	return retryTiers(queue, queues), nil
+	return nil
 }
 
 // managedQueue is a queue as the management API lists it.

@@ -138,6 +138,10 @@ func (s *Stage) Counts() map[consumer.Outcome]int64 {
 	return maps.Clone(s.counts)
 }
 
+// Ready reports whether the stage's consumer consumes (see
+// consumer.Consumer.Ready).
+func (s *Stage) Ready() error { return s.consumer.Ready() }
+
 // Run forwards until ctx ends. Then the consumer stops taking deliveries and
 // lets its in-flight handlers finish (consumer.Config.ShutdownTimeout), the
 // relay keeps publishing until the outbox has no pending row or DrainTimeout
