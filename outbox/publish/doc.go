@@ -22,7 +22,8 @@
 // (cenkalti/backoff), with the same message id, until ctx ends. A message
 // no queue takes is ErrUnroutable, a message too large for one frame is
 // ErrTooLarge: neither is retried. Errors and logs never contain the broker
-// URL's credentials or the key.
+// URL's credentials or the key. Each Publish is one producer span, whose
+// context travels in the message's traceparent header.
 //
 // # Keys
 //

@@ -11,11 +11,19 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 )
+
+// instrumentationName names the publisher's tracer.
+const instrumentationName = "github.com/idemq/idemq/outbox/publish"
 
 // Defaults used where a Config leaves a field zero.
 const (
@@ -73,6 +81,13 @@ type Config struct {
 	// Logger receives a WARN line per failed attempt (never the key or the
 	// broker URL). Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes the publish span (SpanKindProducer), one per
+	// Publish whatever its attempts. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator writes the publish span's context into the message
+	// headers (traceparent, tracestate), so that the consumer's processing
+	// joins the publisher's trace. Default otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -87,6 +102,8 @@ func (c *Config) WithDefaults() Config {
 	out.RetryInitial = cmp.Or(out.RetryInitial, DefaultRetryInitial)
 	out.RetryMax = cmp.Or(out.RetryMax, DefaultRetryMax)
 	out.Logger = cmp.Or(out.Logger, slog.Default())
+	out.TracerProvider = cmp.Or[trace.TracerProvider](out.TracerProvider, otel.GetTracerProvider())
+	out.Propagator = cmp.Or[propagation.TextMapPropagator](out.Propagator, otel.GetTextMapPropagator())
 	return out
 }
 
@@ -148,9 +165,10 @@ func (m Message) publishing(key string) amqp.Publishing {
 // connection, which it opens when first needed and opens again whenever it
 // is lost. It is safe for concurrent use.
 type Publisher struct {
-	url string
-	cfg Config
-	log *slog.Logger
+	url    string
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	// lock is held (a token in it) while the session is read or replaced;
 	// a channel, so that waiting for it honours a context.
@@ -172,10 +190,11 @@ func New(url string, cfg *Config) (*Publisher, error) {
 		return nil, errors.New("publish: new publisher: malformed broker URL")
 	}
 	return &Publisher{
-		url:  url,
-		cfg:  c,
-		log:  c.Logger.With("component", "idemq-publisher"),
-		lock: make(chan struct{}, 1),
+		url:    url,
+		cfg:    c,
+		log:    c.Logger.With("component", "idemq-publisher"),
+		tracer: c.TracerProvider.Tracer(instrumentationName),
+		lock:   make(chan struct{}, 1),
 	}, nil
 }
 
@@ -192,39 +211,72 @@ func New(url string, cfg *Config) (*Publisher, error) {
 // dedup.ValidateKey refuses (dedup.ErrKeyRequired, dedup.ErrKeyInvalid)
 // end the publish at once.
 //
+// One producer span covers the whole Publish; its context is written into
+// the message headers (traceparent, tracestate) by Config.Propagator. The
+// caller's msg.Headers map is not changed.
+//
 // The key is the operation's: make it once, before the first call (see
 // NewKey), and pass the same key again if the caller itself retries.
 func (p *Publisher) Publish(ctx context.Context, key string, msg Message) error {
 	if err := dedup.ValidateKey(key); err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
+	dest := cmp.Or(msg.Exchange, "amq.default")
+	ctx, span := p.tracer.Start(ctx, dest+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", dest),
+			attribute.String("messaging.rabbitmq.destination.routing_key", msg.RoutingKey),
+		))
+	defer span.End()
 	pub := msg.publishing(key)
+	if pub.Headers == nil {
+		pub.Headers = amqp.Table{}
+	}
+	carrier := propagation.MapCarrier{}
+	p.cfg.Propagator.Inject(ctx, carrier)
+	for k, v := range carrier {
+		pub.Headers[k] = v
+	}
+	attempts, err := p.publish(ctx, msg.Exchange, msg.RoutingKey, pub)
+	span.SetAttributes(attribute.Int("idemq.publish.attempts", attempts))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "publish failed")
+	}
+	return err
+}
+
+// publish runs the attempts and returns how many it made.
+func (p *Publisher) publish(ctx context.Context, exchange, routingKey string, pub amqp.Publishing) (int, error) {
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(p.cfg.RetryInitial),
 		backoff.WithMaxInterval(p.cfg.RetryMax),
 		backoff.WithMaxElapsedTime(0),
 	)
 	for attempt := 1; ; attempt++ {
-		err := p.attempt(ctx, msg.Exchange, msg.RoutingKey, pub)
+		err := p.attempt(ctx, exchange, routingKey, pub)
 		if err == nil {
-			return nil
+			return attempt, nil
 		}
 		var final *finalError
 		if errors.As(err, &final) {
-			return fmt.Errorf("publish: %w", final.err)
+			return attempt, fmt.Errorf("publish: %w", final.err)
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("publish: %w (last attempt: %w)", context.Cause(ctx), err)
+			return attempt, fmt.Errorf("publish: %w (last attempt: %w)", context.Cause(ctx), err)
 		}
 		wait := bo.NextBackOff()
 		p.log.Warn("publish attempt failed; retrying with the same message id",
-			"exchange", msg.Exchange, "routing_key", msg.RoutingKey, "attempt", attempt,
+			"exchange", exchange, "routing_key", routingKey, "attempt", attempt,
 			"err", redact.Error(err), "in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("publish: %w (last attempt: %w)", context.Cause(ctx), err)
+			return attempt, fmt.Errorf("publish: %w (last attempt: %w)", context.Cause(ctx), err)
 		case <-t.C:
 		}
 	}

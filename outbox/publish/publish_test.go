@@ -16,6 +16,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/idemq/idemq/consumer"
@@ -482,5 +486,49 @@ func TestPublishStreamAcrossConnectionKills(t *testing.T) {
 	})
 	if rows, k := count(); rows != operations || k != operations {
 		t.Fatalf("%d effects of %d keys, want each of the %d operations applied once", rows, k, operations)
+	}
+}
+
+// TestPublishTrace: one producer span per Publish, whose context travels in
+// the message's traceparent; the key is not among its attributes.
+func TestPublishTrace(t *testing.T) {
+	t.Parallel()
+	ch := testamqp.Channel(t, testamqp.Dial(t))
+	q := declareQueue(t, ch, nil)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	p, _ := newPublisher(t, publish.Config{TracerProvider: tp, Propagator: propagation.TraceContext{}})
+	key := publish.NewKey()
+	headers := amqp.Table{"h": "v"}
+	if err := p.Publish(t.Context(), key, publish.Message{RoutingKey: q, Headers: headers}); err != nil {
+		t.Fatal(err)
+	}
+	if len(headers) != 1 {
+		t.Errorf("the caller's headers were changed: %v", headers)
+	}
+	spans := rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	s := spans[0]
+	if s.SpanKind() != trace.SpanKindProducer || s.Name() != "amq.default publish" {
+		t.Errorf("span %q of kind %s, want a producer span amq.default publish", s.Name(), s.SpanKind())
+	}
+	for _, a := range s.Attributes() {
+		if a.Value.Emit() == key {
+			t.Errorf("attribute %s carries the raw key", a.Key)
+		}
+		if a.Key == "idemq.publish.attempts" && a.Value.AsInt64() != 1 {
+			t.Errorf("attempts %d, want 1", a.Value.AsInt64())
+		}
+	}
+	d := get(t, ch, q)
+	tp2, _ := d.Headers["traceparent"].(string)
+	if !strings.Contains(tp2, s.SpanContext().TraceID().String()) || !strings.Contains(tp2, s.SpanContext().SpanID().String()) {
+		t.Errorf("traceparent %q, want the publish span's context", tp2)
+	}
+	if d.Headers["h"] != "v" {
+		t.Errorf("headers %v lost the caller's", d.Headers)
 	}
 }
