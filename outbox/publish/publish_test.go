@@ -532,3 +532,22 @@ func TestPublishTrace(t *testing.T) {
 		t.Errorf("headers %v lost the caller's", d.Headers)
 	}
 }
+
+func TestPublishAfterClose(t *testing.T) {
+	t.Parallel()
+	ch := testamqp.Channel(t, testamqp.Dial(t))
+	q := declareQueue(t, ch, nil)
+	p, _ := newPublisher(t, publish.Config{})
+	if err := p.Publish(t.Context(), publish.NewKey(), publish.Message{RoutingKey: q}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := p.Publish(t.Context(), publish.NewKey(), publish.Message{RoutingKey: q}); !errors.Is(err, publish.ErrClosed) {
+		t.Fatalf("Publish after Close: %v, want ErrClosed", err)
+	}
+}
