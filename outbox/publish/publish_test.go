@@ -441,9 +441,9 @@ func TestPublishStreamAcrossConnectionKills(t *testing.T) {
 	// Operations go on, at a steady pace, until the connection was killed
 	// several times and at least one kill caught a publish in flight (a
 	// retried attempt).
-	const maxOperations = 5000
+	const maxKills = 20
 	ops := make(chan int)
-	keys := make(chan string, maxOperations)
+	keys := make(chan string, 1<<16)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -457,11 +457,11 @@ func TestPublishStreamAcrossConnectionKills(t *testing.T) {
 			}
 		})
 	}
-	pace := time.NewTicker(2 * time.Millisecond)
+	pace := time.NewTicker(5 * time.Millisecond)
 	defer pace.Stop()
 	operations := 0
 	for ; kills.Load() < wantKills || retries.Load() == 0; operations++ {
-		if ctx.Err() != nil || operations == maxOperations {
+		if ctx.Err() != nil || kills.Load() >= maxKills || operations == cap(keys) {
 			t.Errorf("after %d operations: %d connections killed, %d attempts retried; want %d kills and a retry", operations, kills.Load(), retries.Load(), wantKills)
 			break
 		}
