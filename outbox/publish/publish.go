@@ -232,11 +232,11 @@ func (p *Publisher) Publish(ctx context.Context, key string, msg Message) error 
 		))
 	defer span.End()
 	pub := msg.publishing(key)
-	if pub.Headers == nil {
-		pub.Headers = amqp.Table{}
-	}
 	carrier := propagation.MapCarrier{}
 	p.cfg.Propagator.Inject(ctx, carrier)
+	if len(carrier) > 0 && pub.Headers == nil {
+		pub.Headers = amqp.Table{}
+	}
 	for k, v := range carrier {
 		pub.Headers[k] = v
 	}
