@@ -175,6 +175,14 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, l *lane) (full bool,
 		r.suspect(bctx, s, l, tx, pubs)
 		return false, err
 	}
+	if r.afterConfirm != nil && r.afterConfirm(bctx) {
+		// Dies as a process does (see internal/relaykit): the broker has
+		// the messages, the rows stay pending.
+		_ = tx.Conn().Close(context.WithoutCancel(bctx))
+		err := &brokerError{errors.New("the relay crashed after the confirms, before marking the rows")}
+		endSpans(pubs, err)
+		return false, err
+	}
 	if err := r.record(bctx, tx, pubs); err != nil {
 		endSpans(pubs, err)
 		return false, err

@@ -23,6 +23,7 @@ import (
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/relaykit"
 )
 
 // instrumentationName names the relay's tracer and meter.
@@ -49,6 +50,13 @@ type Relay struct {
 	counts    struct {
 		published, returned, nacked, timedOut, parked, reconnects atomic.Int64
 	}
+	// afterConfirm is nil but in the crash test kit's relays (see
+	// internal/relaykit).
+	afterConfirm func(ctx context.Context) (crash bool)
+}
+
+func init() {
+	relaykit.SetAfterConfirm = func(r any, hook func(context.Context) bool) { r.(*Relay).afterConfirm = hook }
 }
 
 // NewRelay returns a relay that moves the rows of ob to the broker at

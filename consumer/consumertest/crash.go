@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -17,6 +19,8 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/relaykit"
+	"github.com/idemq/idemq/outbox"
 )
 
 // CrashLease is the lease of a crash test's keys unless its Subject's
@@ -38,6 +42,18 @@ const (
 	// PointAfterCommit: the transaction committed; the delivery is not
 	// acked, so the broker delivers it again.
 	PointAfterCommit = "after COMMIT, before the ack"
+	// PointOutboxCommitted: the transaction committed with the handler's
+	// outbox rows; the worker dies before the ack, and before any relay
+	// published them. The delivery comes again (a duplicate, its key
+	// completed); a relay started afterwards publishes the rows. Run only
+	// when the Subject has a Downstream; reached when rows were pending.
+	PointOutboxCommitted = "after an outbox row commits, before the relay publishes"
+	// PointRelayBeforeMark: a relay published a batch of the outbox's rows
+	// and got the broker's confirms, then dies without marking them; a new
+	// relay publishes them again, with the same message ids. Run only when
+	// the Subject has a Downstream: there each message arrives twice, so
+	// its Check passes only when it deduplicates by message_id.
+	PointRelayBeforeMark = "after the relay publishes, before it marks the row"
 	// ScenarioDuplicateDuring: a second copy of each message arrives while
 	// the first copy's handler runs.
 	ScenarioDuplicateDuring = "a second copy during the first"
@@ -71,9 +87,33 @@ type Subject struct {
 	// defaults); its Lease defaults to CrashLease.
 	Config *consumer.Config
 	// Check is called once every delivery ran to its end (processed,
-	// rejected, dead-lettered, or a duplicate): its error, if any, is the
+	// rejected, dead-lettered, or a duplicate), and the outbox's rows were
+	// published when there is a Downstream: its error, if any, is the
 	// point's failure ("charged twice").
 	Check func(ctx context.Context) error
+	// Downstream, when set, is where the messages the Handler writes into
+	// the outbox (outbox.Enqueue, in the Store's schema) arrive; it adds
+	// the outbox's points, PointOutboxCommitted and PointRelayBeforeMark.
+	Downstream *Downstream
+}
+
+// Downstream is the far side of a Subject's outbox: once the deliveries
+// ended, CrashPoints runs a real outbox relay (outbox.NewRelay) on the
+// Store's schema until every row is published, takes the messages that
+// arrived in Queue, and gives them to Check.
+type Downstream struct {
+	// URL is the broker the relay publishes to.
+	URL string
+	// Queue is where the outbox's messages are routed (by their Exchange
+	// and RoutingKey). It must be the Subject's own and empty: the setup
+	// declares it (and its binding) for each Subject.
+	Queue string
+	// Check is called with the messages that arrived in Queue, in their
+	// order, after the Subject's Check; its error, if any, is the point's
+	// failure. A relay that dies after the broker's confirms publishes its
+	// rows again (PointRelayBeforeMark): the copies share a MessageId, and
+	// a downstream that is not idempotent applies them twice.
+	Check func(ctx context.Context, msgs []amqp.Delivery) error
 }
 
 // CrashPoints runs deliveries, in order, through the runtime's pipeline
@@ -93,9 +133,9 @@ type Subject struct {
 // the deliveries' first attempts ran in the baseline, PointInStep and
 // PointAfterStep;
 // PointBeforeCommit; PointAfterCommit. Then the scenarios:
-// ScenarioDuplicateDuring, ScenarioDuplicateAfter, ScenarioLeaseExpired.
-// The first row is the baseline, PointNone. Points inside the outbox relay
-// are not run.
+// With a Downstream, PointOutboxCommitted and PointRelayBeforeMark. Then
+// the scenarios: ScenarioDuplicateDuring, ScenarioDuplicateAfter,
+// ScenarioLeaseExpired. The first row is the baseline, PointNone.
 //
 // CrashPoints fails tb only when it cannot run (an invalid configuration,
 // a schema that is not migrated, a delivery that never ends); a failing
@@ -111,7 +151,11 @@ func CrashPoints(tb testing.TB, setup func(tb testing.TB) Subject, deliveries ..
 		}
 		return false
 	}}
-	rep.Rows = append(rep.Rows, runPoint(tb, setup, deliveries, baseline))
+	var probe Subject
+	rep.Rows = append(rep.Rows, runPoint(tb, func(tb testing.TB) Subject {
+		probe = setup(tb)
+		return probe
+	}, deliveries, baseline))
 	points := []crashPoint{{name: PointAfterReserve, stage: kit.StageAfterReserve}}
 	for _, s := range steps {
 		points = append(points,
@@ -120,7 +164,13 @@ func CrashPoints(tb testing.TB, setup func(tb testing.TB) Subject, deliveries ..
 	}
 	points = append(points,
 		crashPoint{name: PointBeforeCommit, stage: kit.StageBeforeCommit},
-		crashPoint{name: PointAfterCommit, stage: kit.StageAfterCommit},
+		crashPoint{name: PointAfterCommit, stage: kit.StageAfterCommit})
+	if probe.Downstream != nil {
+		points = append(points,
+			crashPoint{name: PointOutboxCommitted, stage: kit.StageAfterCommit, outboxRows: true},
+			crashPoint{name: PointRelayBeforeMark, relayCrash: true})
+	}
+	points = append(points,
 		crashPoint{name: ScenarioDuplicateDuring, scenario: duplicateDuring},
 		crashPoint{name: ScenarioDuplicateAfter, scenario: duplicateAfter},
 		crashPoint{name: ScenarioLeaseExpired, scenario: leaseExpired})
@@ -212,6 +262,10 @@ type crashPoint struct {
 	step     string
 	at       func(stage kit.Stage, step string) bool
 	scenario func(k *crashRun, msg amqp.Publishing) error
+	// outboxRows: the point is reached only when outbox rows are pending
+	// at its stage. relayCrash: the deliveries run without a crash, the
+	// first relay dies after its confirms.
+	outboxRows, relayCrash bool
 }
 
 // crashRun is one row's run: a fresh Subject and its runner.
@@ -221,6 +275,8 @@ type crashRun struct {
 	runner  *Runner
 	lease   time.Duration
 	row     *CrashRow
+	// outbox is the Store's outbox when the Subject has a Downstream.
+	outbox *outbox.Outbox
 }
 
 // crashWait bounds every wait of a crash test beyond the lease: for a
@@ -243,8 +299,19 @@ func runPoint(tb testing.TB, setup func(testing.TB) Subject, deliveries []amqp.P
 		cfg = *subject.Config
 	}
 	cfg.Lease = cmp.Or(cfg.Lease, CrashLease)
-	row := CrashRow{Point: p.name, Reached: p.stage == 0}
+	row := CrashRow{Point: p.name, Reached: p.stage == 0 && !p.relayCrash}
 	k := &crashRun{tb: tb, subject: subject, runner: NewRunner(subject.Store, subject.Handler, &cfg), lease: cfg.Lease, row: &row}
+	var ob *outbox.Outbox
+	if d := subject.Downstream; d != nil {
+		if d.URL == "" || d.Queue == "" || d.Check == nil {
+			tb.Fatalf("consumertest: CrashPoints: the Subject's Downstream needs a URL, a Queue and a Check")
+		}
+		var err error
+		if ob, err = outbox.New(subject.Store.Pool(), &outbox.Config{Schema: subject.Store.Config().Schema}); err != nil {
+			tb.Fatalf("consumertest: CrashPoints: %v", err)
+		}
+		k.outbox = ob
+	}
 	for _, msg := range deliveries {
 		run := k.crashOnce
 		if p.scenario != nil {
@@ -254,10 +321,115 @@ func runPoint(tb testing.TB, setup func(testing.TB) Subject, deliveries []amqp.P
 			tb.Fatalf("consumertest: CrashPoints %s, message %q: %v", p.name, msg.MessageId, err)
 		}
 	}
+	var msgs []amqp.Delivery
+	if ob != nil {
+		var err error
+		if msgs, err = k.relay(p.relayCrash); err != nil {
+			tb.Fatalf("consumertest: CrashPoints %s: %v", p.name, err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), crashWait)
 	defer cancel()
 	row.Err = subject.Check(ctx)
+	if ob != nil && row.Err == nil {
+		row.Err = subject.Downstream.Check(ctx, msgs)
+	}
 	return row
+}
+
+// relay publishes the outbox's rows with a real relay until none is
+// pending (the first relay dying after its confirms when crash is set),
+// and returns the messages that arrived downstream.
+func (k *crashRun) relay(crash bool) ([]amqp.Delivery, error) {
+	d := k.subject.Downstream
+	if crash {
+		died, err := k.runRelay(true)
+		if err != nil {
+			return nil, err
+		}
+		k.row.Reached = died
+	}
+	if _, err := k.runRelay(false); err != nil {
+		return nil, err
+	}
+	conn, err := amqp.Dial(d.URL)
+	if err != nil {
+		return nil, fmt.Errorf("downstream: dial: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("downstream: channel: %w", err)
+	}
+	// Every row is marked, so each message was confirmed: it is in the
+	// queue already.
+	var msgs []amqp.Delivery
+	for {
+		m, ok, err := ch.Get(d.Queue, true)
+		if err != nil {
+			return nil, fmt.Errorf("downstream: get from %q: %w", d.Queue, err)
+		}
+		if !ok {
+			return msgs, nil
+		}
+		msgs = append(msgs, m)
+	}
+}
+
+// runRelay runs one relay on the Subject's outbox until no row is pending
+// or, with crash, until it died after the confirms of its first batch (it
+// reports whether it did).
+func (k *crashRun) runRelay(crash bool) (died bool, err error) {
+	r, err := outbox.NewRelay(k.outbox, k.subject.Downstream.URL, &outbox.RelayConfig{
+		ConnectionName: "consumertest-relay", Lanes: 1, PollInterval: 20 * time.Millisecond,
+		RetryInitial: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return false, fmt.Errorf("relay: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var crashed atomic.Bool
+	if crash {
+		relaykit.SetAfterConfirm(r, func(context.Context) bool {
+			if crashed.Swap(true) {
+				return false
+			}
+			cancel()
+			return true
+		})
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	deadline := time.Now().Add(crashWait)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-ran:
+			if crashed.Load() {
+				return true, nil
+			}
+			return false, fmt.Errorf("the relay stopped: %v", err)
+		case <-tick.C:
+		}
+		b, err := k.outbox.Pending(context.Background())
+		if err != nil {
+			cancel()
+			<-ran
+			return false, err
+		}
+		if b.Pending == 0 {
+			cancel()
+			<-ran
+			return crashed.Load(), nil
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-ran
+			return false, fmt.Errorf("%d outbox rows still pending after %s", b.Pending, crashWait)
+		}
+	}
 }
 
 // crashOnce delivers msg until it ends, its first attempt crashing at p.
@@ -269,6 +441,12 @@ func (k *crashRun) crashOnce(msg amqp.Publishing, p crashPoint) error {
 		}
 		if crashed || stage != p.stage || step != p.step {
 			return false
+		}
+		if p.outboxRows {
+			b, err := k.outbox.Pending(context.Background())
+			if err != nil || b.Pending == 0 {
+				return false
+			}
 		}
 		crashed = true
 		return true

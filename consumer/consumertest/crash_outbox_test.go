@@ -1,0 +1,105 @@
+package consumertest_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/consumertest"
+	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/outbox"
+)
+
+// chargeWithReceipt is chargeRight that also writes a receipt of the order
+// into the outbox, in the handler's transaction, routed to queue.
+func chargeWithReceipt(s *shop, queue string) consumer.Handler {
+	charge := chargeRight(s)
+	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		resp, err := charge(ctx, tx, d)
+		if err != nil {
+			return resp, err
+		}
+		return resp, outbox.Enqueue(ctx, tx, outbox.Message{RoutingKey: queue, Body: []byte(d.Key)})
+	}
+}
+
+// receiptSetup is crashSetup for chargeWithReceipt, each Subject with a
+// receipts queue of its own, checked downstream by check.
+func receiptSetup(t *testing.T, check func(msgs []amqp.Delivery) error) func(testing.TB) consumertest.Subject {
+	ch := testamqp.Channel(t, testamqp.Dial(t))
+	var queue string
+	return crashSetup(t, func(w *crashWorld) consumer.Handler {
+		queue = testamqp.Name(t, "crash-receipts")
+		testamqp.DeleteQueuesAtCleanup(t, []string{queue}, nil)
+		if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		return chargeWithReceipt(w.shop, queue)
+	}, func(_ *crashWorld, s *consumertest.Subject) {
+		s.Downstream = &consumertest.Downstream{URL: testamqp.URL(), Queue: queue,
+			Check: func(_ context.Context, msgs []amqp.Delivery) error { return check(msgs) }}
+	})
+}
+
+// appliedOnce checks one receipt applied per order, the messages taken
+// through key (each one applied, or only the first of each key).
+func appliedOnce(key func(amqp.Delivery) string) func(msgs []amqp.Delivery) error {
+	return func(msgs []amqp.Delivery) error {
+		seen := map[string]bool{}
+		applied := map[string]int{}
+		for _, m := range msgs {
+			if k := key(m); k == "" || !seen[k] {
+				seen[k] = k != ""
+				applied[string(m.Body)]++
+			}
+		}
+		for _, o := range crashOrders {
+			if n := applied[o]; n != 1 {
+				return fmt.Errorf("receipt of %s applied %d times", o, n)
+			}
+		}
+		return nil
+	}
+}
+
+// TestCrashRelayBeforeMark catches a downstream that applies every message
+// it gets: the relay that died after the confirms, before marking its rows,
+// is followed by one that publishes them again, and each receipt arrives
+// twice. Every other point, the outbox's commit before any relay included,
+// delivers each receipt once.
+func TestCrashRelayBeforeMark(t *testing.T) {
+	t.Parallel()
+	rep := consumertest.CrashPoints(t, receiptSetup(t, appliedOnce(func(amqp.Delivery) string { return "" })), crashMessages()...)
+	wantFailed(t, rep, "receipt of order-1 applied 2 times", consumertest.PointRelayBeforeMark)
+	if row := rep.Row(consumertest.PointOutboxCommitted); row == nil || !row.Reached {
+		t.Fatalf("%s: not run or not reached", consumertest.PointOutboxCommitted)
+	}
+}
+
+// TestCrashRelayPassesADownstreamThatDedups: the same receipts, applied
+// once per message_id (the relay's copies share it), pass at every point.
+func TestCrashRelayPassesADownstreamThatDedups(t *testing.T) {
+	t.Parallel()
+	rep := consumertest.CrashPoints(t, receiptSetup(t, appliedOnce(func(m amqp.Delivery) string { return m.MessageId })), crashMessages()...)
+	wantFailed(t, rep, "")
+	want := []string{
+		consumertest.PointNone, consumertest.PointAfterReserve,
+		consumertest.PointInStep("charge"), consumertest.PointAfterStep("charge"),
+		consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
+		consumertest.PointOutboxCommitted, consumertest.PointRelayBeforeMark,
+		consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
+	}
+	if got := rowNames(rep); !slices.Equal(got, want) {
+		t.Fatalf("points %q, want %q", got, want)
+	}
+	for _, row := range rep.Rows {
+		if !row.Reached {
+			t.Errorf("%s: not reached", row.Point)
+		}
+	}
+}
