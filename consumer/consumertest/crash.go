@@ -109,8 +109,8 @@ type Downstream struct {
 	// declares it (and its binding) for each Subject.
 	Queue string
 	// Check is called with the messages that arrived in Queue, in their
-	// order, after the Subject's Check; its error, if any, is the point's
-	// failure. A relay that dies after the broker's confirms publishes its
+	// order, once the Subject's Check passed; its error, if any, is the
+	// point's failure. A relay that dies after the broker's confirms publishes its
 	// rows again (PointRelayBeforeMark): the copies share a MessageId, and
 	// a downstream that is not idempotent applies them twice.
 	Check func(ctx context.Context, msgs []amqp.Delivery) error
