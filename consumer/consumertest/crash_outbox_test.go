@@ -6,27 +6,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/internal/testamqp"
-	"github.com/idemq/idemq/outbox"
 )
-
-// chargeWithReceipt is chargeRight that also writes a receipt of the order
-// into the outbox, in the handler's transaction, routed to queue.
-func chargeWithReceipt(s *shop, queue string) consumer.Handler {
-	charge := chargeRight(s)
-	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		resp, err := charge(ctx, tx, d)
-		if err != nil {
-			return resp, err
-		}
-		return resp, outbox.Enqueue(ctx, tx, outbox.Message{RoutingKey: queue, Body: []byte(d.Key)})
-	}
-}
 
 // receiptSetup is crashSetup for chargeWithReceipt, each Subject with a
 // receipts queue of its own, checked downstream by check.
