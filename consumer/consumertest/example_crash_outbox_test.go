@@ -3,10 +3,11 @@ package consumertest_test
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log"
 	"os"
-	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -86,7 +87,8 @@ func ExampleCrashPoints_downstream() {
 	}()
 	setup := func(dedupByID bool) func(testing.TB) consumertest.Subject {
 		return func(testing.TB) consumertest.Subject {
-			name := "idemq_example_receipts_" + strconv.Itoa(len(schemas)+1)
+			// A name of its own: another run of the example may be going on.
+			name := "idemq_example_receipts_" + strings.ToLower(rand.Text()[:8])
 			pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+name+" CASCADE") //nolint:errcheck
 			if err := schema.Migrate(ctx, pool, name); err != nil {
 				log.Fatal(err)
