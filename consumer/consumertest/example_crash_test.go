@@ -3,10 +3,12 @@ package consumertest_test
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -152,11 +154,13 @@ func ExampleCrashPoints() {
 	defer pool.Close()
 	t := &testing.T{} // in a test, the test's own
 
+	// A prefix of its own, so that two runs on one database do not meet.
+	prefix := "idemq_example_crash_" + strings.ToLower(rand.Text()[:8]) + "_"
 	schemas := 0
 	setup := func(handler func(*shop) consumer.Handler) func(testing.TB) consumertest.Subject {
 		return func(tb testing.TB) consumertest.Subject {
 			schemas++
-			dbSchema := "idemq_example_crash_" + strconv.Itoa(schemas)
+			dbSchema := prefix + strconv.Itoa(schemas)
 			pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+dbSchema+" CASCADE") //nolint:errcheck
 			if err := schema.Migrate(ctx, pool, dbSchema); err != nil {
 				log.Fatal(err)
@@ -174,7 +178,7 @@ func ExampleCrashPoints() {
 	}
 	defer func() {
 		for i := 1; i <= schemas; i++ {
-			pool.Exec(ctx, "DROP SCHEMA idemq_example_crash_"+strconv.Itoa(i)+" CASCADE") //nolint:errcheck
+			pool.Exec(ctx, "DROP SCHEMA "+prefix+strconv.Itoa(i)+" CASCADE") //nolint:errcheck
 		}
 	}()
 	msg := amqp.Publishing{MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`)}
