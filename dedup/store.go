@@ -12,13 +12,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/sweep"
 )
+
+// instrumentation is the name of the store's meter.
+const instrumentation = "github.com/idemq/idemq/dedup"
 
 // Store is the Postgres key store. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	sql  statements
+
+	gcMetrics *sweep.Metrics
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
@@ -32,7 +38,11 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
-	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize(), c.DurableReservations)}, nil
+	m, err := sweep.NewMetrics(c.MeterProvider, instrumentation, c.Schema, "keys")
+	if err != nil {
+		return nil, fmt.Errorf("dedup: metrics: %w", err)
+	}
+	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize(), c.DurableReservations), gcMetrics: m}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
