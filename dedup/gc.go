@@ -9,8 +9,10 @@ import (
 	"github.com/idemq/idemq/internal/sweep"
 )
 
-// gcLock is the advisory lock that keeps GC to one instance at a time.
-const gcLock = int64(0x1de3_0002)
+// gcLock is the class of the advisory lock that keeps GC to one instance at
+// a time per schema: the lock is (gcLock, hashtext(schema)), so that the GCs
+// of two schemas in one database do not skip each other.
+const gcLock = int32(0x1de3_0002)
 
 // GCResult counts what one GC run deleted.
 type GCResult struct {
@@ -55,7 +57,8 @@ type GCOptions struct {
 // GC deletes completed keys older than the retention and leases abandoned
 // for longer than the retention, oldest first, in batches of GCBatchSize
 // rows, each its own short statement, so that no long lock is held. Only one
-// instance works at a time (an advisory lock); the others return Skipped. A
+// instance works on a schema at a time (an advisory lock); the others return
+// Skipped. A
 // positive retention overrides the store's. See GCWith.
 func (s *Store) GC(ctx context.Context, retention time.Duration) (GCResult, error) {
 	return s.GCWith(ctx, GCOptions{Retention: retention})
@@ -76,7 +79,7 @@ func (s *Store) GCWith(ctx context.Context, o GCOptions) (GCResult, error) {
 	}
 	defer conn.Release()
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", gcLock).Scan(&locked); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", gcLock, s.cfg.Schema).Scan(&locked); err != nil {
 		return res, fmt.Errorf("gc: lock: %w", err)
 	}
 	if !locked {
@@ -84,7 +87,7 @@ func (s *Store) GCWith(ctx context.Context, o GCOptions) (GCResult, error) {
 		return res, nil
 	}
 	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", gcLock)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, hashtext($2))", gcLock, s.cfg.Schema)
 	}()
 	r, err := sweep.Run(ctx, conn, s.gcMetrics, []sweep.Step{
 		{Kind: "completed", SQL: s.sql.gcCompleted},
