@@ -216,19 +216,26 @@ func markPublished(ctx context.Context, pool *pgxpool.Pool, o Options) {
 WHERE id IN (SELECT id FROM ` + o.Schema + `.outbox
     WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
     ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)`
-	t := time.NewTicker(100 * time.Millisecond)
+	every(ctx, 100*time.Millisecond, func() {
+		for {
+			tag, err := pool.Exec(ctx, sql)
+			if err != nil || tag.RowsAffected() < 1000 {
+				return
+			}
+		}
+	})
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for {
-				tag, err := pool.Exec(ctx, sql)
-				if err != nil || tag.RowsAffected() < 1000 {
-					break
-				}
-			}
+			fn()
 		}
 	}
 }
@@ -240,19 +247,12 @@ func sampleLockWaits(ctx context.Context, pool *pgxpool.Pool, rec *recorder) {
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE NOT l.granted AND a.application_name = $1 AND l.waitstart IS NOT NULL
 ORDER BY l.waitstart LIMIT 1`
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p := rec.phase.Load()
-			var secs float64
-			var kind string
-			if err := pool.QueryRow(ctx, sql, appWorker).Scan(&secs, &kind); err == nil {
-				rec.lockWait(p, time.Duration(secs*float64(time.Second)), kind)
-			}
+	every(ctx, 50*time.Millisecond, func() {
+		p := rec.phase.Load()
+		var secs float64
+		var kind string
+		if err := pool.QueryRow(ctx, sql, appWorker).Scan(&secs, &kind); err == nil {
+			rec.lockWait(p, time.Duration(secs*float64(time.Second)), kind)
 		}
-	}
+	})
 }
