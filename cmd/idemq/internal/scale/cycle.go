@@ -141,7 +141,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			return res, err
 		}
 		win := rec.take()
-		quiet := o.Cycle - gcTook
+		quiet := time.Since(start) - gcTook
 		c.Secs = [phases]float64{quiet.Seconds(), gcTook.Seconds()}
 		for ph := range phases {
 			c.Ops[ph] = len(win.lat[ph])
