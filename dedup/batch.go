@@ -109,7 +109,7 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		}
 		leases[i] = lease.Microseconds()
 	}
-	rows, err := q.Query(ctx, s.sql.reserveBatch,
+	rows, err := q.Query(ctx, s.statementsFor(q).reserveBatch,
 		consumers, tenants, keys, fps, tokens, leases, traceIDs, spanIDs)
 	if err != nil {
 		return nil, interpretError("reserve keys", err)

@@ -19,6 +19,10 @@ type Store struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	sql  statements
+	// inTx are the reservations that run in a caller's transaction: never
+	// asynchronous, whatever DurableReservations says, since a setting
+	// made in the caller's transaction would last until its COMMIT.
+	inTx statements
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
@@ -32,7 +36,8 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
-	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize(), c.DurableReservations)}, nil
+	schema := pgx.Identifier{c.Schema}.Sanitize()
+	return &Store{pool: pool, cfg: c, sql: newStatements(schema, c.DurableReservations), inTx: newStatements(schema, true)}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -242,7 +247,7 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 		}
 		l := &Lease{Scope: c.Scope, Token: token, stored: key}
 		var inserted bool
-		err := q.QueryRow(ctx, s.sql.reserve,
+		err := q.QueryRow(ctx, s.statementsFor(q).reserve,
 			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
 		).Scan(&l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
 		if err == nil {
@@ -369,6 +374,15 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// statementsFor is the SQL for statements run on q: the caller's
+// transaction (no setting that outlives the statement), or the pool.
+func (s *Store) statementsFor(q querier) *statements {
+	if _, ok := q.(pgx.Tx); ok {
+		return &s.inTx
+	}
+	return &s.sql
 }
 
 // inspect reads the row of sc (its key raw).
