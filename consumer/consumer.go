@@ -57,8 +57,8 @@ type Consumer struct {
 	batchHandler BatchHandler
 	// strategy runs a group's handlers (isolated, optimistic or batch).
 	strategy strategy
-	// claimInTx: a batch consumer reserves its groups\' keys inside the
-	// group\'s transaction (see runInTx).
+	// claimInTx: groups reserve their keys inside the group's
+	// transaction (see runInTx).
 	claimInTx    bool
 	cfg          Config
 	topo         Topology
@@ -154,7 +154,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()
-	cons.claimInTx = bh != nil && c.BatchReserveInTx
+	cons.claimInTx = (bh != nil || c.GroupOptimistic) && !c.SeparateReservations
 	cons.notReady(errors.New("not running"))
 	return cons, nil
 }

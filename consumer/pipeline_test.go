@@ -148,13 +148,22 @@ func TestHandlerTimeoutHolds(t *testing.T) {
 	})
 }
 
-// A batch consumer that reserves its keys in the group's transaction: two
-// consumers, duplicates and a burst of copies of one key, a poison message
-// in the middle of a batch. Every key has one effect, the poison goes to
-// the DLQ alone, nothing is left in the queue.
-func TestBatchReserveInTx(t *testing.T) {
-	h := newHarness(t, modeBatch, func(c *consumer.Config) {
-		c.BatchReserveInTx = true
+// Groups that reserve their keys in the group's transaction (batch
+// handlers and optimistic groups by default), and the same with separate
+// reservations: two consumers, duplicates and a burst of copies of one key,
+// a poison message in the middle of a group. Every key has one effect, the
+// poison goes to the DLQ alone, nothing is left in the queue.
+func TestWholeGroupsWithDuplicatesAndPoison(t *testing.T) {
+	for _, m := range []mode{modeBatch, modeBatchSeparate, modeOptimistic, modeOptimisticSeparate} {
+		t.Run(string(m), func(t *testing.T) {
+			t.Parallel()
+			testWholeGroupsWithDuplicatesAndPoison(t, m)
+		})
+	}
+}
+
+func testWholeGroupsWithDuplicatesAndPoison(t *testing.T, m mode) {
+	h := newHarness(t, m, func(c *consumer.Config) {
 		c.GroupSize, c.GroupLinger = 20, 20*time.Millisecond
 	})
 	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
