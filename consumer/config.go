@@ -96,8 +96,9 @@ type Config struct {
 	// HandlerTimeout + StoreTimeout, so a worker cut off from Postgres
 	// cannot hold them longer). A handler that calls Delivery.Step, which
 	// needs a lease others can see, makes the group run again with
-	// separate reservations, as does a group that fails. A group of one
-	// always reserves separately.
+	// separate reservations, and every later group too; a group that fails
+	// runs again with separate reservations. A group of one always reserves
+	// separately.
 	SeparateReservations bool
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries

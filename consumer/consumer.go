@@ -59,7 +59,10 @@ type Consumer struct {
 	strategy strategy
 	// claimInTx: groups reserve their keys inside the group's
 	// transaction (see runInTx).
-	claimInTx    bool
+	claimInTx bool
+	// stepsSeen: a handler called Delivery.Step in a group that held its
+	// keys, so groups reserve separately from then on.
+	stepsSeen    atomic.Bool
 	cfg          Config
 	topo         Topology
 	deathReserve int // see deathReserve

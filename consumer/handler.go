@@ -95,8 +95,8 @@ func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
 // default of batch handlers and optimistic groups, see
 // Config.SeparateReservations), a step, which commits on its own, cannot
 // see the key: Step then returns ErrStepInBatch, which makes the group run
-// again with separate reservations, where the step runs (a BatchHandler's
-// batch then runs each delivery alone).
+// again with separate reservations, where the step runs, and every later
+// group of the consumer reserve separately.
 func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if d.lease.HeldByTransaction() {
 		return ErrStepInBatch

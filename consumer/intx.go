@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -82,6 +83,11 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		t0 := time.Now()
 		results, err = c.strategy.(whole).handle(ctx, acquired, tx)
 		c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+		if errors.Is(err, ErrStepInBatch) && c.stepsSeen.CompareAndSwap(false, true) {
+			// The handlers run steps, which need leases others can see:
+			// from now on every group reserves separately.
+			c.log.Info("the handler runs steps: groups reserve their keys separately from now on")
+		}
 		if err != nil {
 			return false
 		}
