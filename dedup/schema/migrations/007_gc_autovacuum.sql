@@ -4,8 +4,9 @@
 -- runs (2 M dead rows in a table of 10 M keys): the table grows by that much
 -- between runs, and each run has that much to do. At 1 % plus 10,000 rows
 -- autovacuum runs every few minutes on a busy table, each run short, and the
--- table keeps its size: see docs/operations.md (Retention at scale) for the
--- figures.
+-- table stays within about 2 % of its size (Postgres skips the index pass
+-- while fewer pages than that hold dead rows, and their space is reused only
+-- after one): see docs/operations.md (Retention at scale) for the figures.
 --
 -- Both tables refill what retention empties, so VACUUM never gives their
 -- empty tail pages back to the file system (vacuum_truncate off): that
