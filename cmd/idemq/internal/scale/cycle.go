@@ -90,7 +90,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		return nil, err
 	}
 	rec := &recorder{}
-	w := &worker{o: o, load: l, pool: p.worker, store: store, ob: ob, rec: rec}
+	w := &worker{o: o, pool: p.worker, store: store, ob: ob, rec: rec}
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(wctx) })

@@ -125,7 +125,8 @@ type Result struct {
 	Load   LoadResult
 	Start  Sizes
 	Cycles []Cycle
-	// EndRows are the rows of both tables after the last cycle, counted.
+	// EndKeys and EndOutbox are the rows of both tables after the last
+	// cycle, counted.
 	EndKeys, EndOutbox int64
 }
 

@@ -101,7 +101,6 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // and complete in one transaction) and duplicates of stored keys.
 type worker struct {
 	o     Options
-	load  LoadResult
 	pool  *pgxpool.Pool
 	store *dedup.Store
 	ob    *outbox.Outbox
