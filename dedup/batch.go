@@ -294,6 +294,7 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 	n := len(leases)
 	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	tokens, codes, responses, reasons := make([][16]byte, n), make([]int32, n), make([][]byte, n), make([]*string, n)
+	headers := make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
 	for i, l := range leases {
 		r := results[i]
@@ -302,9 +303,14 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 		}
 		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
 		outcomes[i], codes[i], responses[i], reasons[i] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
+		hdr, err := encodeHeaders(r.Headers)
+		if err != nil {
+			return nil, err
+		}
+		headers[i] = hdr
 		pending[l.Token] = l
 	}
-	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons)
+	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons, headers)
 	if err != nil {
 		return nil, interpretError("complete keys", err)
 	}

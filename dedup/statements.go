@@ -31,7 +31,7 @@ SELECT $1, $2, $3, 'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * inte
 ` + takeover + `RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
 		complete: `UPDATE ` + t + `
-SET state = 'completed', outcome = $5, response_code = $6, response = $7, response_reason = $8,
+SET state = 'completed', outcome = $5, response_code = $6, response = $7, response_reason = $8, response_headers = $9::jsonb,
     lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
@@ -72,8 +72,8 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 		// The rows are locked first, in the global key order that batch
 		// reservations use, so that the two never wait on each other in a cycle.
 		completeBatch: `WITH c AS MATERIALIZED (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[])
-        AS c(consumer, tenant, key, token, outcome, code, response, reason)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::jsonb[])
+        AS c(consumer, tenant, key, token, outcome, code, response, reason, headers)
 ), locked AS MATERIALIZED (
     SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
     WHERE k.lease_token = c.token AND k.state = 'in_progress'
@@ -82,7 +82,7 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 )
 UPDATE ` + t + ` AS k
 SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason,
-    lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
+    response_headers = c.headers, lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 FROM c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
@@ -196,5 +196,6 @@ func recordColumns(p string) string {
     $attempts, $recovery_point, $recovery_data, $steps, $outcome, $response_code, $response,
     $trace_id, $span_id, $created_at, $updated_at, $completed_at, $response_reason,
     ($state = 'in_progress' AND $lease_token IS NULL),
-    CASE WHEN $state = 'in_progress' AND $lease_token IS NULL THEN $release_reason END`)
+    CASE WHEN $state = 'in_progress' AND $lease_token IS NULL THEN $release_reason END,
+    $response_headers`)
 }

@@ -163,7 +163,11 @@ type Result struct {
 	Code    int
 	// Reason is the reason a business rejection gave ("insufficient
 	// funds"), kept with the code and the response; "" for OutcomeOK.
-	Reason   string
+	Reason string
+	// Headers are the headers of the response, for protocols whose answer
+	// has them (an HTTP response: see package idemhttp), stored as a JSON
+	// object and given back as they were; nil for none.
+	Headers  map[string][]string
 	Response []byte
 }
 
@@ -281,7 +285,11 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason)
+	hdr, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
@@ -314,7 +322,11 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason).Exec(completedOrLost)
+	hdr, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return err
+	}
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr).Exec(completedOrLost)
 	return nil
 }
 
@@ -394,12 +406,13 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 		recoveryPoint   *string
 		traceID, spanID *string
 		reason, release *string
+		headers         []byte
 	)
 	err = row.Scan(
 		&rec.Consumer, &rec.Tenant, &stored, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
 		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
 		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &reason,
-		&rec.Released, &release,
+		&rec.Released, &release, &headers,
 	)
 	if err != nil {
 		return nil, "", err
@@ -410,6 +423,9 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 	rec.ReleaseReason = deref(release)
 	if outcome != nil {
 		rec.Result = &Result{Outcome: Outcome(*outcome), Reason: deref(reason), Response: response}
+		if err := decodeHeaders(headers, &rec.Result.Headers); err != nil {
+			return nil, "", err
+		}
 		if code != nil {
 			rec.Result.Code = *code
 		}
