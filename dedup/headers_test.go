@@ -2,6 +2,7 @@ package dedup_test
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"testing"
 
@@ -50,6 +51,30 @@ func TestResultHeadersAreStoredAndReplayed(t *testing.T) {
 			if got := dup.Record.Result.Headers; !reflect.DeepEqual(got, want) {
 				t.Errorf("%s: headers = %v, want %v", name, got, want)
 			}
+		}
+	}
+}
+
+// Forget deletes the row of a held lease: the key is absent again, also for
+// another fingerprint; a lease already lost cannot forget.
+func TestForgetMakesTheKeyAbsent(t *testing.T) {
+	t.Parallel()
+	for _, durable := range []bool{false, true} {
+		store, _ := newStore(t, 4, &dedup.Config{DurableReservations: durable})
+		ctx := context.Background()
+		r := mustReserve(t, store, claim("forget-1", `{"amount":0}`), dedup.Acquired)
+		if err := store.Forget(ctx, r.Lease); err != nil {
+			t.Fatalf("forget: %v", err)
+		}
+		if _, err := store.Inspect(ctx, r.Lease.Scope); !errors.Is(err, dedup.ErrNotFound) {
+			t.Fatalf("inspect after forget: %v, want ErrNotFound", err)
+		}
+		if err := store.Forget(ctx, r.Lease); !errors.Is(err, dedup.ErrLeaseLost) {
+			t.Fatalf("second forget: %v, want ErrLeaseLost", err)
+		}
+		again := mustReserve(t, store, claim("forget-1", `{"amount":100}`), dedup.Acquired)
+		if again.Lease.Attempts != 1 || again.Lease.TakenOver {
+			t.Fatalf("reservation after forget: attempts %d, taken over %v: want a fresh row", again.Lease.Attempts, again.Lease.TakenOver)
 		}
 	}
 }

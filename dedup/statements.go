@@ -4,7 +4,7 @@ import "strings"
 
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
-	reserve, complete, release, extend, inspect, checkpoint string
+	reserve, complete, release, forget, extend, inspect, checkpoint string
 	gcCompleted, gcAbandoned                                string
 	reserveBatch, inspectBatch, extendBatch, completeBatch  string
 	headerKeys                                              string
@@ -37,6 +37,9 @@ WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state 
 
 		release: async + `UPDATE ` + t + `
 SET lease_token = NULL, locked_until = now(), release_reason = $5, updated_at = now()` + fromClause(from) + `
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		forget: async + `DELETE FROM ` + t + strings.Replace(fromClause(from), "FROM", "USING", 1) + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		extend: async + `UPDATE ` + t + `

@@ -347,6 +347,24 @@ func (s *Store) Release(ctx context.Context, l *Lease, reason string) error {
 	return nil
 }
 
+// Forget gives the key up and forgets it: the row is deleted, so the key is
+// absent again and the next reservation starts afresh, also for another
+// fingerprint. It is for a protocol in which a failed attempt leaves
+// nothing behind (an HTTP request refused before its operation ran, which
+// the client may correct and send again with the same key); a message
+// consumer releases instead. Fenced: a lease already lost gives
+// ErrLeaseLost.
+func (s *Store) Forget(ctx context.Context, l *Lease) error {
+	tag, err := s.pool.Exec(ctx, s.sql.forget, l.Consumer, l.Tenant, l.stored, l.Token)
+	if err != nil {
+		return interpretError("forget key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("forget key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
 // Extend is the heartbeat: it pushes the lease's expiry to now + the lease
 // duration (the store's, or d when positive) and updates l.LockedUntil.
 // Fenced: a lease already lost gives ErrLeaseLost.
