@@ -5,10 +5,10 @@ import "strings"
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
 	reserve, complete, release, forget, extend, inspect, checkpoint string
-	gcCompleted, gcAbandoned                                string
-	reserveBatch, inspectBatch, extendBatch, completeBatch  string
-	headerKeys                                              string
-	releaseBatch                                            string
+	gcCompleted, gcAbandoned                                        string
+	reserveBatch, inspectBatch, extendBatch, completeBatch          string
+	headerKeys                                                      string
+	releaseBatch                                                    string
 }
 
 func newStatements(schema string, durable bool) statements {
