@@ -22,6 +22,8 @@ const (
 	DefaultMaxBody = 1 << 20
 	// DefaultRetryAfter is what a 409 asks the client to wait.
 	DefaultRetryAfter = time.Second
+	// DefaultTimeout bounds a guarded handler.
+	DefaultTimeout = time.Minute
 	// ReplayedHeader marks a response replayed from the store.
 	ReplayedHeader = "Idempotent-Replayed"
 )
@@ -85,10 +87,11 @@ type Config struct {
 	// extends it every third of it while the handler runs (the heartbeat),
 	// so it only bounds how long a crashed server's key stays in progress.
 	Lease time.Duration
-	// Timeout, when positive, bounds the handler: its context ends after
-	// it, and a handler that returns after that has its response discarded
-	// and its key released (the client gets 503). Default: none (the
-	// server's own timeouts and the client's disconnect apply).
+	// Timeout bounds the handler: its context ends after it, and a handler
+	// that returns after that has its response discarded and its key
+	// released (the client gets 503). A client that goes away does not end
+	// the handler's context: the operation finishes and its result is
+	// stored for the client's retry. Default DefaultTimeout.
 	Timeout time.Duration
 	// RetryAfter is the Retry-After of a 409 (rounded up to whole seconds).
 	// Default DefaultRetryAfter.
@@ -136,6 +139,7 @@ func (c *Config) withDefaults(store *dedup.Store) (Config, error) {
 		out.Stored = DefaultStored
 	}
 	out.RetryAfter = cmp.Or(out.RetryAfter, DefaultRetryAfter)
+	out.Timeout = cmp.Or(out.Timeout, DefaultTimeout)
 	if out.Lease == 0 {
 		out.Lease = store.Config().Lease
 	}

@@ -158,13 +158,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 // run runs the handler under the lease, in a transaction, and answers.
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, lease *dedup.Lease) {
-	ctx, cancel := context.WithCancelCause(r.Context())
+	// The operation does not end when the client goes away (a client that
+	// timed out retries, and gets 409 until this one finishes, then its
+	// answer): only the timeout, or a lost lease, ends it.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	defer cancel(nil)
-	if m.cfg.Timeout > 0 {
-		var stop context.CancelFunc
-		ctx, stop = context.WithTimeoutCause(ctx, m.cfg.Timeout, errTimeout)
-		defer stop()
-	}
+	ctx, stop := context.WithTimeoutCause(ctx, m.cfg.Timeout, errTimeout)
+	defer stop()
 	finish, endFinish := context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
 	defer endFinish()
 
@@ -197,8 +197,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.problem(w, http.StatusConflict, CodeLeaseLost, "the request took too long and another request with this key took over; retry with the same key later", m.cfg.RetryAfter)
 		return
 	case ctx.Err() != nil:
-		// A timeout, or the client went away: whatever the handler did
-		// rolls back, and the retry runs it again.
+		// A timeout: whatever the handler did rolls back, and the retry
+		// runs it again.
 		m.release(finish, lease, "timeout")
 		m.problem(w, http.StatusServiceUnavailable, CodeTimeout, "the request did not finish in time; retry with the same key", m.cfg.RetryAfter)
 		return

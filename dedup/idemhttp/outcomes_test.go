@@ -195,3 +195,34 @@ func TestBodyTooLarge(t *testing.T) {
 		t.Fatalf("key of a refused body: %v", err)
 	}
 }
+
+// The endless spinner: the client gives up while the operation runs; the
+// operation still completes, its retry gets 409 until then and the stored
+// answer after, and the data changes once.
+func TestClientThatGaveUpGetsTheResultOnRetry(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, idemhttp.Config{}, nil)
+	proceed := make(chan struct{})
+	a.before = func(http.ResponseWriter, *http.Request) bool {
+		<-proceed
+		return true
+	}
+	impatient := &http.Client{Timeout: 200 * time.Millisecond}
+	if _, err := send(impatient, a.srv.URL, "POST", "/orders", "spinner", `{"amount":4990}`); err == nil {
+		t.Fatal("the impatient client got an answer")
+	}
+	if r := a.do("POST", "/orders", "spinner", `{"amount":4990}`); r.status != http.StatusConflict {
+		t.Fatalf("retry while the first runs: %d", r.status)
+	}
+	close(proceed)
+	waitFor(t, 10*time.Second, "the abandoned request to complete", func() bool {
+		rec, err := a.keyRow("spinner")
+		return err == nil && rec.State == dedup.StateCompleted
+	})
+	if r := a.do("POST", "/orders", "spinner", `{"amount":4990}`); r.status != 201 || !r.replayed() {
+		t.Fatalf("retry after: %d (replayed %v)", r.status, r.replayed())
+	}
+	if n := a.orders(); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+}
