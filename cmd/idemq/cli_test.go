@@ -576,9 +576,9 @@ func TestDemo(t *testing.T) {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 	})
 	deleteTopologyAtCleanup(t, queue, []string{"200ms", "400ms", "800ms"}, nil, nil)
-	r := mustRun(t, env("idemq"), "demo", "--payments", "60", "--workers", "2", "--concurrency", "4",
+	r := mustRun(t, env("idemq"), "demo", "--payments", "60", "--http-payments", "30", "--workers", "2", "--concurrency", "4",
 		"--demo-schema", schema, "--queue", queue, "--log-dir", t.TempDir())
-	for _, want := range []string{"Report", "effects applied", "killed with SIGKILL", "OK: "} {
+	for _, want := range []string{"Report", "effects applied", "killed with SIGKILL", "HTTP front door", "409 in progress", "HTTP: charges == unique operations (30)", "OK: "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
 		}

@@ -73,6 +73,11 @@ type Config struct {
 	// Middleware configures the idempotency middleware; its Consumer and
 	// Tenant are the gateway's.
 	Middleware idemhttp.Config
+	// Around, when set, wraps the handler that enqueues the message, inside
+	// the idempotency middleware: it runs only for a request that holds its
+	// key, with the request's transaction (instrumentation; the demo slows
+	// some requests down with it).
+	Around func(http.Handler) http.Handler
 	// DrainTimeout bounds the final flush of the outbox at shutdown.
 	DrainTimeout time.Duration
 	// ShutdownTimeout bounds how long the requests in hand may take after
@@ -140,7 +145,11 @@ func New(store *dedup.Store, cfg Config) (*Gateway, error) {
 		}
 	}
 	g.mux = http.NewServeMux()
-	g.mux.Handle("POST /messages", mw.Require(http.HandlerFunc(g.accept)))
+	var accept http.Handler = http.HandlerFunc(g.accept)
+	if cfg.Around != nil {
+		accept = cfg.Around(accept)
+	}
+	g.mux.Handle("POST /messages", mw.Require(accept))
 	g.mux.HandleFunc("GET /healthz", g.healthz)
 	return g, nil
 }
