@@ -82,4 +82,7 @@ func TestGatewayAnswersAsDocumented(t *testing.T) {
 	if len(got) != 1 || got[0].MessageId != key || string(got[0].Body) != `{"amount":4990}` || got[0].ContentType != "application/json" {
 		t.Fatalf("queue holds %d messages (%+v), want one with message_id = the key", len(got), got)
 	}
+	if r := mustRun(t, env(schema), "keys", "inspect", "--consumer", "orders-api", key); !strings.Contains(r.stdout, "code 202, 74 bytes, headers Content-Type") {
+		t.Fatalf("keys inspect: %s", r)
+	}
 }
