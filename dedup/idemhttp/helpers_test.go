@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -213,18 +212,6 @@ func problemOf(t *testing.T, r reply) idemhttp.Problem {
 // keyRow reads the key's row in the default tenant.
 func (a *api) keyRow(key string) (*dedup.Record, error) {
 	return a.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments-api", Key: key})
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // newServer serves h until the test ends.

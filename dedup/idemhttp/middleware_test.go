@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/idemhttp"
 )
@@ -214,7 +215,7 @@ func TestRetryAfterRetentionIsNew(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t, idemhttp.Config{}, nil)
 	first := a.do("POST", "/orders", "order-1", `{"amount":4990}`)
-	waitFor(t, 5*time.Second, "the completion to age", func() bool {
+	consumertest.WaitFor(t, 5*time.Second, "the completion to age", func() bool {
 		res, err := a.store.GC(context.Background(), time.Microsecond)
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/idemhttp"
 )
@@ -140,7 +141,7 @@ func TestHeartbeatKeepsASlowRequest(t *testing.T) {
 	}()
 	<-entered
 	start := time.Now()
-	waitFor(t, 10*time.Second, "a second lease period", func() bool { return time.Since(start) > 2500*time.Millisecond })
+	consumertest.WaitFor(t, 10*time.Second, "a second lease period", func() bool { return time.Since(start) > 2500*time.Millisecond })
 	if r := a.do("POST", "/orders", "slow", `{"amount":1}`); r.status != http.StatusConflict {
 		t.Fatalf("copy after 2.5 leases: %d, want 409 (the heartbeat keeps the lease)", r.status)
 	}
@@ -215,7 +216,7 @@ func TestClientThatGaveUpGetsTheResultOnRetry(t *testing.T) {
 		t.Fatalf("retry while the first runs: %d", r.status)
 	}
 	close(proceed)
-	waitFor(t, 10*time.Second, "the abandoned request to complete", func() bool {
+	consumertest.WaitFor(t, 10*time.Second, "the abandoned request to complete", func() bool {
 		rec, err := a.keyRow("spinner")
 		return err == nil && rec.State == dedup.StateCompleted
 	})

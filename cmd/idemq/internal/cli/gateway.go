@@ -98,18 +98,11 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := a.openStorePool(ctx, int32(maxConns))
+			store, err := a.openLeaseStore(ctx, int32(maxConns), lease, hashKeys, toExchange)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			store, err := dedup.NewStore(pool, &dedup.Config{Schema: a.schema, Lease: lease, HashKeys: hashKeys})
-			if err != nil {
-				return err
-			}
-			if err := a.checkBroker(toExchange); err != nil {
-				return err
-			}
+			defer store.Pool().Close()
 			g, err := gateway.New(store, gateway.Config{
 				Consumer:        name,
 				Exchange:        toExchange,
