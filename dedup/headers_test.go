@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // A result's headers are stored with its code and body and come back to
-// duplicates, from Complete, QueueComplete and CompleteBatch alike; a result
+// duplicates, from Complete, QueueComplete and CompleteBatch alike, for a
+// lease of Reserve or one held by the transaction (ReserveTx); a result
 // without headers reads back as none.
 func TestResultHeadersAreStoredAndReplayed(t *testing.T) {
 	t.Parallel()
@@ -39,17 +41,28 @@ func TestResultHeadersAreStoredAndReplayed(t *testing.T) {
 	}
 	for name, fn := range complete {
 		for _, want := range []map[string][]string{headers, nil} {
-			c := claim("headers-"+name+"-"+map[bool]string{true: "none", false: "some"}[want == nil], "{}")
-			r := mustReserve(t, store, c, dedup.Acquired)
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				return fn(tx, r.Lease, dedup.Result{Outcome: dedup.OutcomeOK, Code: 201, Headers: want, Response: []byte(`{"id":1}`)})
-			})
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			dup := mustReserve(t, store, c, dedup.Duplicate)
-			if got := dup.Record.Result.Headers; !reflect.DeepEqual(got, want) {
-				t.Errorf("%s: headers = %v, want %v", name, got, want)
+			for _, inTx := range []bool{false, true} {
+				c := claim(fmt.Sprintf("headers-%s-%v-%v", name, want == nil, inTx), "{}")
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var r dedup.Reservation
+					var err error
+					if inTx { // a lease held by the transaction (ReserveTx)
+						r, err = store.ReserveTx(ctx, tx, c)
+					} else {
+						r, err = store.Reserve(ctx, c)
+					}
+					if err != nil || r.Decision != dedup.Acquired {
+						t.Fatalf("reserve: %v, %v", r.Decision, err)
+					}
+					return fn(tx, r.Lease, dedup.Result{Outcome: dedup.OutcomeOK, Code: 201, Headers: want, Response: []byte(`{"id":1}`)})
+				})
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				dup := mustReserve(t, store, c, dedup.Duplicate)
+				if got := dup.Record.Result.Headers; !reflect.DeepEqual(got, want) {
+					t.Errorf("%s (in tx %v): headers = %v, want %v", name, inTx, got, want)
+				}
 			}
 		}
 	}
