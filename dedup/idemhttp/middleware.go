@@ -178,7 +178,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
 
 	stopBeat := m.heartbeat(ctx, lease, cancel)
-	st := &state{tx: tx}
+	st := &state{tx: requestTx{tx}}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
 	ctx = claim.With(ctx, claim.Claim{Consumer: lease.Consumer, Tenant: lease.Tenant, Key: lease.Key})
@@ -303,6 +303,17 @@ func (m *Middleware) log(ctx context.Context, sc dedup.Scope, what string, err e
 	m.cfg.Logger.WarnContext(ctx, "idempotency: "+what, "consumer", sc.Consumer, "key_hash", sc.KeyHash(), "err", redact.Error(err))
 }
 
+// ErrTxOwned is what Commit and Rollback of the transaction Tx returns
+// give: the middleware ends it, with the key's completion.
+var ErrTxOwned = errors.New("idemhttp: the request's transaction is committed by the middleware, with the key's completion")
+
+// requestTx is the handler's view of the request's transaction: everything
+// but ending it (savepoints from Begin may be committed and rolled back).
+type requestTx struct{ pgx.Tx }
+
+func (requestTx) Commit(context.Context) error   { return ErrTxOwned }
+func (requestTx) Rollback(context.Context) error { return ErrTxOwned }
+
 // state is what a guarded request's context carries: its transaction and
 // the handler's own decision to store its response or not.
 type state struct {
@@ -330,8 +341,9 @@ func stateOf(r *http.Request) *state {
 
 // Tx returns the transaction of a guarded request: the handler's writes and
 // outbox messages go into it, and the middleware commits it together with
-// the key's completion, before the response leaves. The handler must not
-// commit or roll it back. It is nil where the request is not guarded (a
+// the key's completion, before the response leaves (or rolls it back when
+// the response is not stored). Its Commit and Rollback return ErrTxOwned;
+// savepoints (Begin) work as usual. It is nil where the request is not guarded (a
 // method the middleware does not guard, or Optional without a key).
 func Tx(r *http.Request) pgx.Tx {
 	if st := stateOf(r); st != nil {

@@ -227,3 +227,32 @@ func TestClientThatGaveUpGetsTheResultOnRetry(t *testing.T) {
 		t.Fatalf("%d orders, want 1", n)
 	}
 }
+
+// The handler cannot end the request's transaction: its writes commit only
+// with the key's completion. A savepoint works.
+func TestHandlerCannotCommitTheTransaction(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, idemhttp.Config{}, nil)
+	a.before = func(w http.ResponseWriter, r *http.Request) bool {
+		tx := idemhttp.Tx(r)
+		sp, err := tx.Begin(r.Context())
+		if err != nil {
+			t.Error(err)
+		} else if err := sp.Commit(r.Context()); err != nil {
+			t.Errorf("savepoint: %v", err)
+		}
+		if err := tx.Commit(r.Context()); !errors.Is(err, idemhttp.ErrTxOwned) {
+			t.Errorf("commit: %v, want ErrTxOwned", err)
+		}
+		if err := tx.Rollback(r.Context()); !errors.Is(err, idemhttp.ErrTxOwned) {
+			t.Errorf("rollback: %v, want ErrTxOwned", err)
+		}
+		return true
+	}
+	if r := a.do("POST", "/orders", "k", `{"amount":1}`); r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if n := a.orders(); n != 1 {
+		t.Fatalf("%d orders", n)
+	}
+}
