@@ -183,11 +183,16 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
 	ctx = claim.With(ctx, claim.Claim{Consumer: lease.Consumer, Tenant: lease.Tenant, Key: lease.Key})
 	rec := newCapture()
-	panicked := m.call(next, rec, r.WithContext(ctx))
+	panicked, abort := m.call(next, rec, r.WithContext(ctx))
 	stopBeat()
 
 	status := rec.code()
 	switch {
+	case abort != nil:
+		// http.ErrAbortHandler: the handler asked to drop the connection.
+		_ = tx.Rollback(finish)
+		m.release(finish, lease, "abort")
+		panic(abort)
 	case panicked:
 		m.release(finish, lease, "panic")
 		m.problem(w, http.StatusInternalServerError, CodeHandlerPanic, "the request failed; retry with the same key", 0)
@@ -235,19 +240,21 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 var errTimeout = errors.New("the request timed out")
 
 // call runs the handler and reports whether it panicked. A panic with
-// http.ErrAbortHandler is passed on, after the deferred release.
-func (m *Middleware) call(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool) {
+// http.ErrAbortHandler is returned as abort, for run to pass on once the
+// key is released.
+func (m *Middleware) call(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, abort any) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // the sentinel is compared, as net/http does
-				panic(v)
+				abort = v
+				return
 			}
 			m.cfg.Logger.ErrorContext(r.Context(), "handler panicked", "consumer", m.cfg.Consumer, "key_hash", keyHash(r), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			panicked = true
 		}
 	}()
 	next.ServeHTTP(w, r)
-	return false
+	return false, nil
 }
 
 func keyHash(r *http.Request) string {

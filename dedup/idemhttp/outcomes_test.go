@@ -256,3 +256,23 @@ func TestHandlerCannotCommitTheTransaction(t *testing.T) {
 		t.Fatalf("%d orders", n)
 	}
 }
+
+// A handler that aborts (panic(http.ErrAbortHandler)) drops the connection,
+// as net/http does, and leaves its key free for the retry.
+func TestAbortReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, idemhttp.Config{}, nil)
+	var calls atomic.Int64
+	a.before = func(http.ResponseWriter, *http.Request) bool {
+		if calls.Add(1) == 1 {
+			panic(http.ErrAbortHandler)
+		}
+		return true
+	}
+	if _, err := send(a.srv.Client(), a.srv.URL, "POST", "/orders", "k", `{"amount":1}`); err == nil {
+		t.Fatal("an aborted request got an answer")
+	}
+	if r := a.do("POST", "/orders", "k", `{"amount":1}`); r.status != 201 || r.replayed() {
+		t.Fatalf("retry after abort: %d %s", r.status, r.body)
+	}
+}
