@@ -156,7 +156,7 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 		seen[k] = true
 		claimable = append(claimable, it)
 	}
-	if !c.claimInTx || !c.runInTx(ctx, s, claimable) {
+	if !c.claimInTx || c.stepsSeen.Load() || !c.runInTx(ctx, s, claimable) {
 		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
 			for _, it := range acquired {
 				c.crashAt(it.ctx, kit.StageAfterReserve, "")
