@@ -309,7 +309,15 @@ func (m mode) separate() bool { return m != modeOptimistic && m != modeBatch }
 
 // forEachMode runs test once per consumer mode, as parallel subtests.
 func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {
+	forModes(t, func(mode) bool { return true }, test)
+}
+
+// forModes runs test once per consumer mode that which accepts.
+func forModes(t *testing.T, which func(mode) bool, test func(t *testing.T, m mode)) {
 	for _, m := range modes {
+		if !which(m) {
+			continue
+		}
 		t.Run(string(m), func(t *testing.T) {
 			t.Parallel()
 			test(t, m)

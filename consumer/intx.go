@@ -69,17 +69,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 	}
 	var results []dedup.Result
 	if len(acquired) > 0 {
-		n := int64(len(acquired))
-		c.inFlight.Add(n)
-		c.metrics.inProgress.Add(ctx, n, c.metrics.with())
-		defer func() {
-			c.inFlight.Add(-n)
-			c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
-		}()
-		for _, it := range acquired {
-			it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
-			defer it.hcancel(nil)
-		}
+		defer c.handling(ctx, acquired)()
 		t0 := time.Now()
 		results, err = c.strategy.(whole).handle(ctx, acquired, tx)
 		c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
