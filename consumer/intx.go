@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -92,6 +93,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 			return false
 		}
 	}
+	c.crashAt(kit.StageBeforeCommit, "", acquired, tx)
 	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	err = c.commit(cctx, tx)
 	if err != nil {
@@ -101,6 +103,9 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		cspan.SetStatus(codes.Error, redact.Error(err))
 	}
 	cspan.End()
+	if err == nil {
+		c.crashAt(kit.StageAfterCommit, "", acquired)
+	}
 	for i, it := range others {
 		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", otherRes[i].Decision.String())))
 		c.decide(s, it, otherRes[i])

@@ -158,9 +158,7 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 	}
 	if !c.claimInTx || !c.runInTx(ctx, s, claimable) {
 		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
-			for _, it := range acquired {
-				c.crashAt(it.ctx, kit.StageAfterReserve, "")
-			}
+			c.crashAt(kit.StageAfterReserve, "", acquired)
 			c.execute(ctx, s, acquired)
 		}
 	}
@@ -272,10 +270,12 @@ func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
 		}
 	}()
 	stop := c.heartbeat(ctx, items)
+	defer stop() // also when the test kit crashes the group (crash.go)
 	t0 := time.Now()
 	results := c.strategy.run(ctx, items)
 	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	stop()
+	c.crashAt(kit.StageAfterCommit, "", committing(items, results))
 	c.releaseFailed(ctx, items, results)
 	for i, it := range items {
 		if r := results[i]; r.err != nil {

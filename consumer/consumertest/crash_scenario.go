@@ -1,0 +1,229 @@
+package consumertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// The scenarios run without a crash: a second copy of each delivery
+// arrives at a second worker while, or after, the first copy is handled.
+// Their deliveries go in waves: in ModeSingle one delivery at a time, in
+// the group modes all at once, so that the first copies form one group.
+
+// waves are the deliveries in the waves of a scenario.
+func (k *pointRun) waves() [][]amqp.Publishing {
+	if k.mode != ModeSingle {
+		return [][]amqp.Publishing{k.deliveries}
+	}
+	var ws [][]amqp.Publishing
+	for _, msg := range k.deliveries {
+		ws = append(ws, []amqp.Publishing{msg})
+	}
+	return ws
+}
+
+// publishFirst publishes the first copies of a wave, held by h, and keeps
+// their traces for the report.
+func (k *pointRun) publishFirst(wave []amqp.Publishing, h *hold) error {
+	for _, msg := range wave {
+		id, tid, err := k.publish(msg)
+		if err != nil {
+			return err
+		}
+		h.copies[id] = true
+		k.mu.Lock()
+		k.row.TraceIDs = append(k.row.TraceIDs, tid)
+		k.mu.Unlock()
+	}
+	return nil
+}
+
+// publishSecond publishes the second copies of a wave, signalled by s.
+func (k *pointRun) publishSecond(wave []amqp.Publishing, s *signal) error {
+	for _, msg := range wave {
+		id, _, err := k.publish(msg)
+		if err != nil {
+			return err
+		}
+		s.copies[id] = true
+	}
+	return nil
+}
+
+// holdFirst starts a worker that takes a wave's first copies (its
+// prefetch is the wave: it takes no more) and holds the first handler call
+// once it returned. It returns once the call is held, or every copy
+// published has ended without it (a key that is invalid, a handler never
+// called).
+func (k *pointRun) holdFirst(wave []amqp.Publishing, noHeartbeat bool) (*worker, *hold, error) {
+	h := newHold()
+	if err := k.publishFirst(wave, h); err != nil {
+		return nil, nil, err
+	}
+	a, err := k.start(workerOpts{hold: h, prefetch: len(wave), noHeartbeat: noHeartbeat})
+	if err != nil {
+		return nil, nil, err
+	}
+	err = k.waitFor(a, "the first copy's handler to return", func() bool {
+		copies, ended, _, _ := k.counts()
+		return h.isHeld() || ended >= copies
+	})
+	if err != nil {
+		a.stop() //nolint:errcheck // the wait's error is the one to report
+		return nil, nil, err
+	}
+	if h.isHeld() {
+		k.mu.Lock()
+		k.row.Reached = true
+		k.mu.Unlock()
+	}
+	return a, h, nil
+}
+
+// stopBoth frees the held call and stops both workers.
+func stopBoth(h *hold, a, b *worker) error {
+	h.free()
+	var errs []error
+	for _, w := range []*worker{b, a} {
+		if w != nil {
+			errs = append(errs, w.stop())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// duplicateDuring: while the first copies' handler is held, their second
+// copies arrive at a second worker (and find their keys busy); then the
+// first goes on, and every copy runs to its end.
+func duplicateDuring(k *pointRun) error {
+	for _, wave := range k.waves() {
+		a, h, err := k.holdFirst(wave, false)
+		if err != nil {
+			return err
+		}
+		var b *worker
+		if h.isHeld() {
+			_, ended0, busy0, _ := k.counts()
+			if err := k.publishSecond(wave, newSignal()); err != nil {
+				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
+				return err
+			}
+			if b, err = k.start(workerOpts{}); err != nil {
+				stopBoth(h, a, nil) //nolint:errcheck // the start's error is the one to report
+				return err
+			}
+			// Each second copy found its key busy (or, not the same
+			// operation, ended).
+			err = k.waitFor(b, "the second copies to be handled", func() bool {
+				_, ended, busy, _ := k.counts()
+				return busy-busy0+ended-ended0 >= len(wave)
+			})
+			if err != nil {
+				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report
+				return err
+			}
+		}
+		if err := stopBoth(h, a, b); err != nil {
+			return err
+		}
+		if err := k.toEnd(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// duplicateAfter delivers every message to its end, then a second copy of
+// each.
+func duplicateAfter(k *pointRun) error {
+	k.mu.Lock()
+	k.row.Reached = true
+	k.mu.Unlock()
+	if err := k.publishFirst(k.deliveries, newHold()); err != nil {
+		return err
+	}
+	if err := k.toEnd(); err != nil {
+		return err
+	}
+	if err := k.publishAll(); err != nil {
+		return err
+	}
+	return k.toEnd()
+}
+
+// leaseExpired holds the first copies' handler, on a worker without a
+// heartbeat, until their leases expired; then their second copies arrive
+// at a second worker, which takes the keys over and enters its handler;
+// then the first goes on (its completion finds the lease lost), and every
+// copy runs to its end.
+func leaseExpired(k *pointRun) error {
+	for _, wave := range k.waves() {
+		a, h, err := k.holdFirst(wave, true)
+		if err != nil {
+			return err
+		}
+		var b *worker
+		if h.isHeld() {
+			if err := k.leaseEnds(h.scope); err != nil {
+				stopBoth(h, a, nil) //nolint:errcheck // the wait's error is the one to report
+				return err
+			}
+			entered := newSignal()
+			if err := k.publishSecond(wave, entered); err != nil {
+				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
+				return err
+			}
+			if b, err = k.start(workerOpts{enter: entered}); err != nil {
+				stopBoth(h, a, nil) //nolint:errcheck // the start's error is the one to report
+				return err
+			}
+			_, ended0, _, _ := k.counts()
+			err = k.waitFor(b, "a second copy to take the key over", func() bool {
+				select {
+				case <-entered.c:
+					return true
+				default:
+				}
+				_, ended, _, _ := k.counts()
+				return ended-ended0 >= len(wave)
+			})
+			if err != nil {
+				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report
+				return err
+			}
+		}
+		if err := stopBoth(h, a, b); err != nil {
+			return err
+		}
+		if err := k.toEnd(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leaseEnds waits until no one holds scope's key: its lease expired or was
+// released, or the key completed.
+func (k *pointRun) leaseEnds(scope dedup.Scope) error {
+	var ierr error
+	err := k.waitFor(nil, "the held key's lease to expire", func() bool {
+		rec, err := k.subject.Store.Inspect(context.Background(), scope)
+		switch {
+		case errors.Is(err, dedup.ErrNotFound):
+			return true
+		case err != nil:
+			ierr = fmt.Errorf("inspect the key: %w", err)
+			return true
+		}
+		return rec.State != dedup.StateInProgress || !rec.LeaseValid
+	})
+	if ierr != nil {
+		return ierr
+	}
+	return err
+}
