@@ -4,6 +4,7 @@ import (
 	"runtime"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer/internal/kit"
@@ -48,6 +49,14 @@ func (c *Consumer) crashAt(stage kit.Stage, step string, items []*item, txs ...p
 		}
 	}
 	runtime.Goexit()
+}
+
+// settled tells the test kit the outcome of it (a no-op in a consumer the
+// kit does not run).
+func (c *Consumer) settled(it *item, outcome Outcome) {
+	if c.crash != nil {
+		c.crash(kit.At{Stage: kit.StageSettled, Deliveries: []*amqp.Delivery{it.d}, TraceIDs: []string{""}, Outcome: string(outcome)})
+	}
 }
 
 // crashTx records tx as the transaction the items' handlers run in, which

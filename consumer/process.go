@@ -82,6 +82,7 @@ func (c *Consumer) finish(it *item) {
 	if c.cfg.OnOutcome != nil {
 		c.cfg.OnOutcome(ev)
 	}
+	c.settled(it, ev.Outcome)
 }
 
 // prepare reads the key, tenant and fingerprint. A delivery that cannot be

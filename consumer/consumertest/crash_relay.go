@@ -5,10 +5,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/relaykit"
 	"github.com/idemq/idemq/outbox"
@@ -110,6 +113,28 @@ func (k *pointRun) runRelay(crash bool) (died bool, err error) {
 			cancel()
 			<-ran
 			return false, fmt.Errorf("%d outbox rows still pending after %s", b.Pending, crashWait)
+		}
+	}
+}
+
+// relayTraces names the crashed relay's attempt by the traces of the
+// messages it published (each row's, as the handler enqueued it).
+func (k *pointRun) relayTraces(msgs []amqp.Delivery) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.row.Reached {
+		return
+	}
+	for _, m := range msgs {
+		carrier := propagation.MapCarrier{}
+		for key, v := range m.Headers {
+			if s, ok := v.(string); ok {
+				carrier[key] = s
+			}
+		}
+		sc := trace.SpanContextFromContext(k.prop.Extract(context.Background(), carrier))
+		if tid := sc.TraceID().String(); sc.IsValid() && !slices.Contains(k.row.TraceIDs, tid) {
+			k.row.TraceIDs = append(k.row.TraceIDs, tid)
 		}
 	}
 }

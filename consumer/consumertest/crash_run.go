@@ -41,10 +41,10 @@ const groupLinger = 200 * time.Millisecond
 // delivery ending before a point gives up.
 const crashWait = time.Minute
 
-// quietEnd is how long no delivery ends before a point looks whether the
-// queue and its tiers are empty although fewer deliveries ended than it
-// published (the broker dead-lettered one itself, past its delivery limit).
-const quietEnd = 3 * time.Second
+// quietEnd is how long no delivery has an outcome before a point looks
+// whether the queue and its tiers are empty although not every copy ended
+// (the broker dead-lettered one itself, past its delivery limit).
+const quietEnd = 10 * time.Second
 
 // maxWorkers bounds the workers one point starts (one more after each
 // crash) before it gives up on the deliveries ending.
@@ -71,10 +71,13 @@ type pointRun struct {
 
 	mu  sync.Mutex
 	row CrashRow
-	// copies published; outcomes counts the outcomes reported, ended and
-	// inProgress the final ones and the busy keys.
-	copies, outcomes, ended, inProgress int
-	lastEvent                           time.Time
+	// copies are the copies published; seen those with an outcome reported,
+	// ended those with a final one (processed, rejected, dead-lettered, a
+	// duplicate...); outcomes counts the outcomes.
+	copies      []string
+	seen, ended map[string]bool
+	outcomes    int
+	lastEvent   time.Time
 	// crashed are the copies that crashed at the point.
 	crashed map[string]bool
 	workers int
@@ -107,6 +110,9 @@ func runPoint(tb testing.TB, subject Subject, deliveries []amqp.Publishing, p cr
 	if k.outbox != nil {
 		if msgs, err = k.relay(p.relayCrash); err != nil {
 			return CrashRow{}, err
+		}
+		if p.relayCrash {
+			k.relayTraces(msgs)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), crashWait)
@@ -155,7 +161,7 @@ func newPointRun(tb testing.TB, subject Subject, deliveries []amqp.Publishing, p
 		tb: tb, p: p, subject: subject, mode: mode, deliveries: deliveries,
 		cfg: cfg, topo: consumer.NewTopology(cfg.TopologyConfig()), prop: propagator.Or(cfg.Propagator),
 		row: CrashRow{Point: p.name, Reached: p.stage == 0 && p.scenario == nil && !p.relayCrash}, lastEvent: time.Now(),
-		crashed: map[string]bool{}, events: make(chan struct{}, 1),
+		crashed: map[string]bool{}, seen: map[string]bool{}, ended: map[string]bool{}, events: make(chan struct{}, 1),
 	}
 	if d := subject.Downstream; d != nil {
 		if d.Queue == "" || d.Check == nil {
@@ -271,8 +277,8 @@ func (k *pointRun) publish(msg amqp.Publishing) (id, traceID string, err error) 
 		msg.Headers = amqp.Table{}
 	}
 	k.mu.Lock()
-	k.copies++
-	id = strconv.Itoa(k.copies)
+	id = strconv.Itoa(len(k.copies) + 1)
+	k.copies = append(k.copies, id)
 	k.mu.Unlock()
 	msg.Headers[copyHeader] = id
 	carrier := propagation.MapCarrier{}
@@ -311,18 +317,20 @@ func newSpanContext() trace.SpanContext {
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
 }
 
-// outcome counts a delivery's outcome.
-func (k *pointRun) outcome(e consumer.Event) {
+// settled records a copy's outcome.
+func (k *pointRun) settled(at kit.At) {
 	k.mu.Lock()
 	k.outcomes++
-	switch e.Outcome {
-	case consumer.OutcomeProcessed, consumer.OutcomeRejected, consumer.OutcomeDuplicate,
-		consumer.OutcomeDeadLettered, consumer.OutcomeInvalidKey, consumer.OutcomeKeyReuse:
-		k.ended++
-	case consumer.OutcomeInProgress:
-		k.inProgress++
-	}
 	k.lastEvent = time.Now()
+	for _, d := range at.Deliveries {
+		id := copyOf(d.Headers)
+		k.seen[id] = true
+		switch consumer.Outcome(at.Outcome) {
+		case consumer.OutcomeProcessed, consumer.OutcomeRejected, consumer.OutcomeDuplicate,
+			consumer.OutcomeDeadLettered, consumer.OutcomeInvalidKey, consumer.OutcomeKeyReuse:
+			k.ended[id] = true
+		}
+	}
 	k.mu.Unlock()
 	select {
 	case k.events <- struct{}{}:
@@ -330,11 +338,32 @@ func (k *pointRun) outcome(e consumer.Event) {
 	}
 }
 
-// counts returns the copies published and the outcomes counted so far.
-func (k *pointRun) counts() (copies, ended, inProgress int, last time.Time) {
+// allEnded reports whether every copy in ids (every copy published, when
+// ids is nil) has ended.
+func (k *pointRun) allEnded(ids []string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.copies, k.ended, k.inProgress, k.lastEvent
+	if ids == nil {
+		ids = k.copies
+	}
+	for _, id := range ids {
+		if !k.ended[id] {
+			return false
+		}
+	}
+	return true
+}
+
+// allSeen reports whether every copy in ids has had an outcome.
+func (k *pointRun) allSeen(ids []string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, id := range ids {
+		if !k.seen[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // waitFor waits until cond holds, looking at every outcome and every
@@ -391,9 +420,9 @@ func (k *pointRun) toEnd() error {
 	return fmt.Errorf("the deliveries did not end after %d workers", maxWorkers)
 }
 
-// waitEnd waits until w crashes (false) or every copy looks ended: as
-// many final outcomes as copies published (or none for quietEnd) and
-// nothing ready in the work queue or its tiers (true).
+// waitEnd waits until w crashes (false) or every copy ended (or none had
+// an outcome for quietEnd) and nothing is ready in the work queue or its
+// tiers (true).
 func (k *pointRun) waitEnd(w *worker) (bool, error) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -406,8 +435,10 @@ func (k *pointRun) waitEnd(w *worker) (bool, error) {
 		case <-k.events:
 		case <-tick.C:
 		}
-		copies, ended, _, last := k.counts()
-		if ended >= copies || time.Since(last) > quietEnd {
+		k.mu.Lock()
+		last := k.lastEvent
+		k.mu.Unlock()
+		if k.allEnded(nil) || time.Since(last) > quietEnd {
 			n, err := k.queued()
 			if err != nil {
 				return false, err
@@ -417,7 +448,7 @@ func (k *pointRun) waitEnd(w *worker) (bool, error) {
 			}
 		}
 		if time.Since(last) > crashWait {
-			return false, fmt.Errorf("no delivery ended for %s (%d of %d copies ended)", crashWait, ended, copies)
+			return false, fmt.Errorf("no delivery ended for %s", crashWait)
 		}
 	}
 }
@@ -458,6 +489,9 @@ func (k *pointRun) start(o workerOpts) (*worker, error) {
 	cfg.ConnectionName = fmt.Sprintf("consumertest-%s-%d", cfg.Queue, k.workers)
 	k.mu.Unlock()
 	w := &worker{k: k, dead: make(chan struct{}), ended: make(chan struct{})}
+	k.mu.Lock()
+	k.lastEvent = time.Now()
+	k.mu.Unlock()
 	var ac amqp.Config
 	if cfg.AMQPConfig != nil {
 		ac = *cfg.AMQPConfig
@@ -488,13 +522,6 @@ func (k *pointRun) start(o workerOpts) (*worker, error) {
 	if o.prefetch > 0 {
 		cfg.Prefetch = o.prefetch
 	}
-	onOutcome := cfg.OnOutcome
-	cfg.OnOutcome = func(e consumer.Event) {
-		k.outcome(e)
-		if onOutcome != nil {
-			onOutcome(e)
-		}
-	}
 	var (
 		c   *consumer.Consumer
 		err error
@@ -523,6 +550,10 @@ func (k *pointRun) start(o workerOpts) (*worker, error) {
 func (w *worker) hook(at kit.At) bool {
 	k := w.k
 	p := k.p
+	if at.Stage == kit.StageSettled {
+		k.settled(at)
+		return false
+	}
 	if p.watch != nil {
 		k.mu.Lock()
 		p.watch(at)

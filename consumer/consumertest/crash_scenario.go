@@ -29,30 +29,34 @@ func (k *pointRun) waves() [][]amqp.Publishing {
 
 // publishFirst publishes the first copies of a wave, held by h, and keeps
 // their traces for the report.
-func (k *pointRun) publishFirst(wave []amqp.Publishing, h *hold) error {
+func (k *pointRun) publishFirst(wave []amqp.Publishing, h *hold) ([]string, error) {
+	var ids []string
 	for _, msg := range wave {
 		id, tid, err := k.publish(msg)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		h.copies[id] = true
+		ids = append(ids, id)
 		k.mu.Lock()
 		k.row.TraceIDs = append(k.row.TraceIDs, tid)
 		k.mu.Unlock()
 	}
-	return nil
+	return ids, nil
 }
 
 // publishSecond publishes the second copies of a wave, signalled by s.
-func (k *pointRun) publishSecond(wave []amqp.Publishing, s *signal) error {
+func (k *pointRun) publishSecond(wave []amqp.Publishing, s *signal) ([]string, error) {
+	var ids []string
 	for _, msg := range wave {
 		id, _, err := k.publish(msg)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		s.copies[id] = true
+		ids = append(ids, id)
 	}
-	return nil
+	return ids, nil
 }
 
 // holdFirst starts a worker that takes a wave's first copies (its
@@ -62,17 +66,15 @@ func (k *pointRun) publishSecond(wave []amqp.Publishing, s *signal) error {
 // called).
 func (k *pointRun) holdFirst(wave []amqp.Publishing, noHeartbeat bool) (*worker, *hold, error) {
 	h := newHold()
-	if err := k.publishFirst(wave, h); err != nil {
+	ids, err := k.publishFirst(wave, h)
+	if err != nil {
 		return nil, nil, err
 	}
 	a, err := k.start(workerOpts{hold: h, prefetch: len(wave), noHeartbeat: noHeartbeat})
 	if err != nil {
 		return nil, nil, err
 	}
-	err = k.waitFor(a, "the first copy's handler to return", func() bool {
-		copies, ended, _, _ := k.counts()
-		return h.isHeld() || ended >= copies
-	})
+	err = k.waitFor(a, "the first copy's handler to return", func() bool { return h.isHeld() || k.allEnded(ids) })
 	if err != nil {
 		a.stop() //nolint:errcheck // the wait's error is the one to report
 		return nil, nil, err
@@ -108,8 +110,8 @@ func duplicateDuring(k *pointRun) error {
 		}
 		var b *worker
 		if h.isHeld() {
-			_, ended0, busy0, _ := k.counts()
-			if err := k.publishSecond(wave, newSignal()); err != nil {
+			second, err := k.publishSecond(wave, newSignal())
+			if err != nil {
 				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
 				return err
 			}
@@ -119,10 +121,7 @@ func duplicateDuring(k *pointRun) error {
 			}
 			// Each second copy found its key busy (or, not the same
 			// operation, ended).
-			err = k.waitFor(b, "the second copies to be handled", func() bool {
-				_, ended, busy, _ := k.counts()
-				return busy-busy0+ended-ended0 >= len(wave)
-			})
+			err = k.waitFor(b, "the second copies to be handled", func() bool { return k.allSeen(second) })
 			if err != nil {
 				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report
 				return err
@@ -144,7 +143,7 @@ func duplicateAfter(k *pointRun) error {
 	k.mu.Lock()
 	k.row.Reached = true
 	k.mu.Unlock()
-	if err := k.publishFirst(k.deliveries, newHold()); err != nil {
+	if _, err := k.publishFirst(k.deliveries, newHold()); err != nil {
 		return err
 	}
 	if err := k.toEnd(); err != nil {
@@ -174,7 +173,8 @@ func leaseExpired(k *pointRun) error {
 				return err
 			}
 			entered := newSignal()
-			if err := k.publishSecond(wave, entered); err != nil {
+			second, err := k.publishSecond(wave, entered)
+			if err != nil {
 				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
 				return err
 			}
@@ -182,15 +182,13 @@ func leaseExpired(k *pointRun) error {
 				stopBoth(h, a, nil) //nolint:errcheck // the start's error is the one to report
 				return err
 			}
-			_, ended0, _, _ := k.counts()
 			err = k.waitFor(b, "a second copy to take the key over", func() bool {
 				select {
 				case <-entered.c:
 					return true
 				default:
 				}
-				_, ended, _, _ := k.counts()
-				return ended-ended0 >= len(wave)
+				return k.allEnded(second)
 			})
 			if err != nil {
 				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report

@@ -54,6 +54,9 @@ type At struct {
 	// is none), in the same order.
 	Deliveries []*amqp.Delivery
 	TraceIDs   []string
+	// Outcome is the delivery's outcome (a consumer.Outcome), at
+	// StageSettled.
+	Outcome string
 }
 
 // Stage is a point of a delivery's processing where a process can die.
@@ -76,6 +79,10 @@ const (
 	// StageAfterCommit: the delivery's transaction committed; it is not
 	// acked.
 	StageAfterCommit
+	// StageSettled: the delivery got its outcome (acked, or replaced by a
+	// copy), as Config.OnOutcome reports it. Not a point to crash at: the
+	// kit follows each delivery to its end there.
+	StageSettled
 )
 
 // Run is what the pipeline did with one delivery, as the broker would have
