@@ -3,7 +3,6 @@ package consumertest_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -82,13 +81,6 @@ func TestCrashRelayPassesADownstreamThatDedups(t *testing.T) {
 			consumertest.PointOutboxCommitted, consumertest.PointRelayBeforeMark,
 			consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
 		}
-		if got := rowNames(rep); !slices.Equal(got, want) {
-			t.Fatalf("points %q, want %q", got, want)
-		}
-		for _, row := range rep.Rows {
-			if !row.Reached {
-				t.Errorf("%s: not reached", row.Point)
-			}
-		}
+		wantRows(t, rep, want)
 	})
 }

@@ -102,32 +102,29 @@ func stopBoth(h *hold, a, b *worker) error {
 // duplicateDuring: while the first copies' handler is held, their second
 // copies arrive at a second worker (and find their keys busy); then the
 // first goes on, and every copy runs to its end.
-func duplicateDuring(k *pointRun) error {
+func duplicateDuring(k *pointRun) error { return k.secondDuringFirst(false) }
+
+// leaseExpired holds the first copies' handler, on a worker without a
+// heartbeat, until their leases expired; then their second copies arrive
+// at a second worker, which takes the keys over and enters its handler;
+// then the first goes on (its completion finds the lease lost), and every
+// copy runs to its end.
+func leaseExpired(k *pointRun) error { return k.secondDuringFirst(true) }
+
+// secondDuringFirst runs each wave: its first copies held (and their
+// leases left to expire, with leaseExpires), its second copies at a second
+// worker, then both workers stopped and the copies taken to their end.
+func (k *pointRun) secondDuringFirst(leaseExpires bool) error {
 	for _, wave := range k.waves() {
-		a, h, err := k.holdFirst(wave, false)
+		a, h, err := k.holdFirst(wave, leaseExpires)
 		if err != nil {
 			return err
 		}
-		var b *worker
-		if h.isHeld() {
-			second, err := k.publishSecond(wave, newSignal())
-			if err != nil {
-				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
-				return err
-			}
-			if b, err = k.start(workerOpts{}); err != nil {
-				stopBoth(h, a, nil) //nolint:errcheck // the start's error is the one to report
-				return err
-			}
-			// Each second copy found its key busy (or, not the same
-			// operation, ended).
-			err = k.waitFor(b, "the second copies to be handled", func() bool { return k.allSeen(second) })
-			if err != nil {
-				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report
-				return err
-			}
+		b, err := k.second(wave, h, leaseExpires)
+		if serr := stopBoth(h, a, b); err == nil {
+			err = serr
 		}
-		if err := stopBoth(h, a, b); err != nil {
+		if err != nil {
 			return err
 		}
 		if err := k.toEnd(); err != nil {
@@ -135,6 +132,44 @@ func duplicateDuring(k *pointRun) error {
 		}
 	}
 	return nil
+}
+
+// second publishes a wave's second copies while h holds the first and
+// starts a worker for them; it returns once each found its key busy or,
+// with leaseExpires (it waits for the held key's lease to expire first),
+// once one took its key over and entered the handler. It does nothing when
+// h held nothing.
+func (k *pointRun) second(wave []amqp.Publishing, h *hold, leaseExpires bool) (*worker, error) {
+	if !h.isHeld() {
+		return nil, nil
+	}
+	if leaseExpires {
+		if err := k.leaseEnds(h.scope); err != nil {
+			return nil, err
+		}
+	}
+	entered := newSignal()
+	ids, err := k.publishSecond(wave, entered)
+	if err != nil {
+		return nil, err
+	}
+	b, err := k.start(workerOpts{enter: entered})
+	if err != nil {
+		return nil, err
+	}
+	// A copy that is not the same operation (another key) may just end.
+	what, cond := "the second copies to find their keys busy", func() bool { return k.allSeen(ids) }
+	if leaseExpires {
+		what, cond = "a second copy to take the key over", func() bool {
+			select {
+			case <-entered.c:
+				return true
+			default:
+				return k.allEnded(ids)
+			}
+		}
+	}
+	return b, k.waitFor(b, what, cond)
 }
 
 // duplicateAfter delivers every message to its end, then a second copy of
@@ -153,56 +188,6 @@ func duplicateAfter(k *pointRun) error {
 		return err
 	}
 	return k.toEnd()
-}
-
-// leaseExpired holds the first copies' handler, on a worker without a
-// heartbeat, until their leases expired; then their second copies arrive
-// at a second worker, which takes the keys over and enters its handler;
-// then the first goes on (its completion finds the lease lost), and every
-// copy runs to its end.
-func leaseExpired(k *pointRun) error {
-	for _, wave := range k.waves() {
-		a, h, err := k.holdFirst(wave, true)
-		if err != nil {
-			return err
-		}
-		var b *worker
-		if h.isHeld() {
-			if err := k.leaseEnds(h.scope); err != nil {
-				stopBoth(h, a, nil) //nolint:errcheck // the wait's error is the one to report
-				return err
-			}
-			entered := newSignal()
-			second, err := k.publishSecond(wave, entered)
-			if err != nil {
-				stopBoth(h, a, nil) //nolint:errcheck // the publish's error is the one to report
-				return err
-			}
-			if b, err = k.start(workerOpts{enter: entered}); err != nil {
-				stopBoth(h, a, nil) //nolint:errcheck // the start's error is the one to report
-				return err
-			}
-			err = k.waitFor(b, "a second copy to take the key over", func() bool {
-				select {
-				case <-entered.c:
-					return true
-				default:
-				}
-				return k.allEnded(second)
-			})
-			if err != nil {
-				stopBoth(h, a, b) //nolint:errcheck // the wait's error is the one to report
-				return err
-			}
-		}
-		if err := stopBoth(h, a, b); err != nil {
-			return err
-		}
-		if err := k.toEnd(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // leaseEnds waits until no one holds scope's key: its lease expired or was

@@ -127,13 +127,20 @@ func wantFailed(t *testing.T, rep *consumertest.CrashReport, want map[string]str
 	}
 }
 
-// rowNames lists the report's points.
-func rowNames(rep *consumertest.CrashReport) []string {
-	var names []string
+// wantRows fails t unless the report's points are want, in order, and
+// every one was reached.
+func wantRows(t *testing.T, rep *consumertest.CrashReport, want []string) {
+	t.Helper()
+	var got []string
 	for _, row := range rep.Rows {
-		names = append(names, row.Point)
+		got = append(got, row.Point)
+		if !row.Reached {
+			t.Errorf("%s: not reached", row.Point)
+		}
 	}
-	return names
+	if !slices.Equal(got, want) {
+		t.Fatalf("points %q, want %q", got, want)
+	}
 }
 
 // TestCrashPointsPassTheRightHandler: the card charge done right passes at
@@ -149,14 +156,7 @@ func TestCrashPointsPassTheRightHandler(t *testing.T) {
 			consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
 			consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
 		}
-		if got := rowNames(rep); !slices.Equal(got, want) {
-			t.Fatalf("points %q, want %q", got, want)
-		}
-		for _, row := range rep.Rows {
-			if !row.Reached {
-				t.Errorf("%s: not reached", row.Point)
-			}
-		}
+		wantRows(t, rep, want)
 		if rep.Err() != nil {
 			t.Fatal(rep.Err())
 		}
@@ -292,29 +292,13 @@ func TestCrashAfterCommit(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, func(t *testing.T, mode consumertest.Mode) {
 		build := func(w *crashWorld) consumer.Handler { return chargeRight(w.shop) }
-		subject := func(w *crashWorld, s *consumertest.Subject) {
-			var mu sync.Mutex
-			receipts := 0
-			s.Config.OnOutcome = func(e consumer.Event) {
-				if e.Outcome == consumer.OutcomeProcessed {
-					mu.Lock()
-					receipts++ // the bug
-					mu.Unlock()
-				}
+		// The bug: the receipt is sent from OnOutcome.
+		subject := onOutcome(consumer.OutcomeProcessed, func(receipts int) error {
+			if receipts != len(crashOrders) {
+				return fmt.Errorf("%d receipts for %d orders", receipts, len(crashOrders))
 			}
-			check := s.Check
-			s.Check = func(ctx context.Context) error {
-				if err := check(ctx); err != nil {
-					return err
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if receipts != len(crashOrders) {
-					return fmt.Errorf("%d receipts for %d orders", receipts, len(crashOrders))
-				}
-				return nil
-			}
-		}
+			return nil
+		})
 		rep := consumertest.CrashPoints(t, crashSetup(t, mode, build, subject), crashMessages()...)
 		wantFailed(t, rep, map[string]string{consumertest.PointAfterCommit: "0 receipts for 2 orders"})
 	})
@@ -427,33 +411,43 @@ func TestCrashReportTraces(t *testing.T) {
 	})
 }
 
-// compensating is a Subject whose OnOutcome compensates (refunds the
-// order) on outcome, which is the bug: the delivery is not lost, another
-// attempt or copy completes it; and whose check wants no refund.
-func compensating(outcome consumer.Outcome) func(w *crashWorld, s *consumertest.Subject) {
+// onOutcome is a Subject whose OnOutcome counts the deliveries that got
+// outcome (to act on them after the processing, outside its transaction:
+// the bug), and whose check gives the count to check once the shop's
+// check passed.
+func onOutcome(outcome consumer.Outcome, check func(n int) error) func(w *crashWorld, s *consumertest.Subject) {
 	return func(w *crashWorld, s *consumertest.Subject) {
 		var mu sync.Mutex
-		refunds := 0
+		n := 0
 		s.Config.OnOutcome = func(e consumer.Event) {
 			if e.Outcome == outcome {
 				mu.Lock()
-				refunds++ // the bug
+				n++
 				mu.Unlock()
 			}
 		}
-		check := s.Check
+		shop := s.Check
 		s.Check = func(ctx context.Context) error {
-			if err := check(ctx); err != nil {
+			if err := shop(ctx); err != nil {
 				return err
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if refunds > 0 {
-				return errors.New("charged orders refunded")
-			}
-			return nil
+			return check(n)
 		}
 	}
+}
+
+// compensating is a Subject whose OnOutcome compensates (refunds the
+// order) on outcome, which is the bug: the delivery is not lost, another
+// attempt or copy completes it; and whose check wants no refund.
+func compensating(outcome consumer.Outcome) func(w *crashWorld, s *consumertest.Subject) {
+	return onOutcome(outcome, func(refunds int) error {
+		if refunds > 0 {
+			return errors.New("charged orders refunded")
+		}
+		return nil
+	})
 }
 
 // TestCrashDuplicateDuring catches a consumer that gives up on a message
