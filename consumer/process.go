@@ -177,7 +177,7 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
 		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
-		lease: lease, store: c.store, claimInTx: c.claimInTx,
+		lease: lease, store: c.store,
 	}
 	if c.crash != nil {
 		it.del.crash = func(stage kit.Stage, step string, txs ...pgx.Tx) { c.crashAt(stage, step, []*item{it}, txs...) }

@@ -18,6 +18,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
 	"syscall"
 	"text/tabwriter"
@@ -62,6 +64,9 @@ type Options struct {
 	RiverWorkers int
 	// NoPublish leaves out the publishing side (relay, forward).
 	NoPublish bool
+	// Only, when set, is a regular expression: only the rows whose name it
+	// matches run, with the bare rows of each table (the ratios' base).
+	Only string
 }
 
 func (o Options) withDefaults() Options {
@@ -135,8 +140,8 @@ type scenario struct {
 	groupSize  int
 	duplicates float64
 	optimistic bool
-	// reserveInTx: a batch consumer with BatchReserveInTx.
-	reserveInTx bool
+	// separate: a whole-group mode with Config.SeparateReservations.
+	separate bool
 	// concurrency and linger, when set, replace the run's concurrency and
 	// the default linger (the shape of the reference consumer).
 	concurrency int
@@ -180,6 +185,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		return nil, err
 	}
 	o := opts.withDefaults()
+	only, err := regexp.Compile(o.Only)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --only: %w", err)
+	}
 	pool, err := pgxpool.New(ctx, o.PostgresURL)
 	if err == nil {
 		err = pool.Ping(ctx)
@@ -219,9 +228,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
 		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
 		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
+		scenario{name: "idemq optimistic 32, separate reservations", mode: modeGroup, groupSize: 32, optimistic: true, separate: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
-		scenario{name: "idemq batch 100, reserved in its tx", mode: modeBatch, groupSize: 100, reserveInTx: true},
-		scenario{name: "idemq batch 100 in tx, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, reserveInTx: true, concurrency: 2, linger: 5 * time.Millisecond},
+		scenario{name: "idemq batch 100, separate reservations", mode: modeBatch, groupSize: 100, separate: true},
+		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
 		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	)
@@ -237,6 +247,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	// both, so a machine that speeds up or slows down during the run
 	// does not tilt them.
 	scenarios = append(scenarios, scenario{name: "bare amqp091-go, again", mode: modeBare})
+	scenarios = slices.DeleteFunc(scenarios, func(sc scenario) bool { return sc.mode != modeBare && !only.MatchString(sc.name) })
 
 	start := time.Now()
 	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
@@ -254,7 +265,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 
 	var pubs []Result
 	if !o.NoPublish {
-		pubScenarios := publishScenarios()
+		pubScenarios := slices.DeleteFunc(publishScenarios(), func(sc scenario) bool { return !sc.bare && !only.MatchString(sc.name) })
 		fmt.Fprintf(out, "publishing side: %d messages of %d bytes per scenario, confirms on every publish\n", o.Messages, o.BodySize)
 		for _, sc := range pubScenarios {
 			r, err := b.runRow(ctx, out, sc, b.runPublishScenario)
@@ -613,7 +624,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx, Linger: sc.linger}
+		Optimistic: sc.optimistic, Separate: sc.separate, Linger: sc.linger}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error
