@@ -68,6 +68,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		others = append(others, it)
 		otherRes = append(otherRes, res[i])
 	}
+	c.crashAt(kit.StageAfterReserve, "", acquired, tx)
 	var results []dedup.Result
 	if len(acquired) > 0 {
 		defer c.handling(ctx, acquired)()
