@@ -46,6 +46,10 @@ const crashWait = time.Minute
 // (the broker dead-lettered one itself, past its delivery limit).
 const quietEnd = 10 * time.Second
 
+// slowTimeout is the HandlerTimeout and StoreTimeout of the worker whose
+// handler is slow in ScenarioLeaseExpired.
+const slowTimeout = 2 * time.Second
+
 // maxWorkers bounds the workers one point starts (one more after each
 // crash) before it gives up on the deliveries ending.
 const maxWorkers = 50
@@ -518,6 +522,10 @@ func (k *pointRun) start(o workerOpts) (*worker, error) {
 	cfg.AMQPConfig = &ac
 	if o.noHeartbeat {
 		cfg.Testing.DisableHeartbeat = true
+		// Where a group's keys are reserved in its transaction, its row
+		// locks are the leases: Postgres ends the transaction once idle
+		// for HandlerTimeout + StoreTimeout, which frees the keys.
+		cfg.HandlerTimeout, cfg.StoreTimeout = slowTimeout, slowTimeout
 	}
 	if o.prefetch > 0 {
 		cfg.Prefetch = o.prefetch
@@ -623,7 +631,9 @@ func (w *worker) handler(o workerOpts) consumer.Handler {
 	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		o.enter.notify(d)
 		resp, err := h(ctx, tx, d)
-		o.hold.wait(name, d)
+		if err == nil {
+			o.hold.wait(name, tx, d)
+		}
 		return resp, err
 	}
 }
@@ -649,7 +659,9 @@ func (w *worker) batchHandler(o workerOpts) consumer.BatchHandler {
 	return func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {
 		o.enter.notify(ds...)
 		resps, err := bh(ctx, tx, ds)
-		o.hold.wait(name, ds...)
+		if err == nil {
+			o.hold.wait(name, tx, ds...)
+		}
 		return resps, err
 	}
 }
@@ -662,22 +674,24 @@ func copyOf(headers amqp.Table) string {
 }
 
 // hold holds the first handler call of one of its copies once the handler
-// returned, until released.
+// returned without error, until released.
 type hold struct {
 	copies        map[string]bool
 	once, freed   sync.Once
 	held, release chan struct{}
-	// scope is the key of the held delivery; set before held is closed.
+	// scope is the key of the held delivery, and pid the backend of its
+	// transaction; set before held is closed.
 	scope dedup.Scope
+	pid   uint32
 }
 
 func newHold() *hold {
 	return &hold{copies: map[string]bool{}, held: make(chan struct{}), release: make(chan struct{})}
 }
 
-// wait holds the call if it is the first one of h's copies (a nil h holds
-// nothing).
-func (h *hold) wait(name string, ds ...*consumer.Delivery) {
+// wait holds the call, in tx, if it is the first one of h's copies (a nil
+// h holds nothing).
+func (h *hold) wait(name string, tx pgx.Tx, ds ...*consumer.Delivery) {
 	if h == nil {
 		return
 	}
@@ -688,6 +702,7 @@ func (h *hold) wait(name string, ds ...*consumer.Delivery) {
 		first := false
 		h.once.Do(func() {
 			h.scope = dedup.Scope{Consumer: name, Tenant: d.Tenant, Key: d.Key}
+			h.pid = tx.Conn().PgConn().PID()
 			close(h.held)
 			first = true
 		})

@@ -144,7 +144,7 @@ func (k *pointRun) second(wave []amqp.Publishing, h *hold, leaseExpires bool) (*
 		return nil, nil
 	}
 	if leaseExpires {
-		if err := k.leaseEnds(h.scope); err != nil {
+		if err := k.leaseEnds(h); err != nil {
 			return nil, err
 		}
 	}
@@ -157,8 +157,9 @@ func (k *pointRun) second(wave []amqp.Publishing, h *hold, leaseExpires bool) (*
 	if err != nil {
 		return nil, err
 	}
-	// A copy that is not the same operation (another key) may just end.
-	what, cond := "the second copies to find their keys busy", func() bool { return k.allSeen(ids) }
+	// A copy that is not the same operation (another key) may just end; one
+	// whose key the held transaction reserved waits for it.
+	what, cond := "the second copies to find their keys busy", func() bool { return k.allSeen(ids) || k.blocks(h.pid) }
 	if leaseExpires {
 		what, cond = "a second copy to take the key over", func() bool {
 			select {
@@ -190,15 +191,23 @@ func duplicateAfter(k *pointRun) error {
 	return k.toEnd()
 }
 
-// leaseEnds waits until no one holds scope's key: its lease expired or was
-// released, or the key completed.
-func (k *pointRun) leaseEnds(scope dedup.Scope) error {
+// leaseEnds waits until no one holds the key of h's held call: its lease
+// expired or was released, or the key completed; or, where the held
+// transaction reserved it (the row is not to be seen), that transaction
+// ended.
+func (k *pointRun) leaseEnds(h *hold) error {
 	var ierr error
 	err := k.waitFor(nil, "the held key's lease to expire", func() bool {
-		rec, err := k.subject.Store.Inspect(context.Background(), scope)
+		rec, err := k.subject.Store.Inspect(context.Background(), h.scope)
 		switch {
 		case errors.Is(err, dedup.ErrNotFound):
-			return true
+			var alive bool
+			if err := k.subject.Store.Pool().QueryRow(context.Background(),
+				"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", h.pid).Scan(&alive); err != nil {
+				ierr = fmt.Errorf("look for the held transaction: %w", err)
+				return true
+			}
+			return !alive
 		case err != nil:
 			ierr = fmt.Errorf("inspect the key: %w", err)
 			return true
@@ -209,4 +218,14 @@ func (k *pointRun) leaseEnds(scope dedup.Scope) error {
 		return ierr
 	}
 	return err
+}
+
+// blocks reports whether the backend pid holds a lock another one waits
+// for: a second copy's reservation waits for the held transaction that
+// reserved its key.
+func (k *pointRun) blocks(pid uint32) bool {
+	var n int
+	err := k.subject.Store.Pool().QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid).Scan(&n)
+	return err == nil && n > 0
 }
