@@ -73,6 +73,12 @@ func (w *crashWorld) checkNotified(orders ...string) func(ctx context.Context) e
 	}
 }
 
+// inTx reports whether mode's consumer reserves a group's first keys in
+// the group's own transaction (Config.SeparateReservations off).
+func inTx(mode consumertest.Mode) bool {
+	return mode == consumertest.ModeOptimistic || mode == consumertest.ModeBatch
+}
+
 // forEachMode runs test once per mode, as parallel subtests.
 func forEachMode(t *testing.T, test func(t *testing.T, mode consumertest.Mode)) {
 	for _, mode := range consumertest.Modes() {
@@ -167,6 +173,10 @@ func TestCrashPointsPassTheRightHandler(t *testing.T) {
 // resumption of an attempt that charged: it looks the charge up instead of
 // making it, and the attempt that crashed after the reservation made none.
 //
+// In optimistic and batch groups, the consumer's first reservation is in
+// the group's transaction (until a handler runs a step): the crash after it
+// leaves no key, and the bug does not show there.
+//
 // In the group modes a crash kills the whole group, so the delivery that
 // did not reach the point dies after its reservation too: its takeover
 // finds no charge wherever its group-mate crashed before it ran (in the
@@ -195,7 +205,13 @@ func TestCrashAfterReserve(t *testing.T) {
 			}
 		}
 		rep := consumertest.CrashPoints(t, crashSetup(t, mode, build, nil), crashMessages()...)
-		want := map[string]string{consumertest.PointAfterReserve: "order-1 never charged"}
+		want := map[string]string{}
+		if inTx(mode) {
+			// The first reservation is in the group's transaction, which the
+			// crash takes with it: the redelivery is a first attempt.
+		} else {
+			want[consumertest.PointAfterReserve] = "order-1 never charged"
+		}
 		if mode != consumertest.ModeSingle {
 			want[consumertest.PointInStep("charge")] = "order-2 never charged"
 			want[consumertest.PointAfterStep("charge")] = "order-2 never charged"
@@ -460,13 +476,18 @@ func TestCrashDuplicateDuring(t *testing.T) {
 		}
 		rep := consumertest.CrashPoints(t, crashSetup(t, mode, build, subject), crashMessages()...)
 		const refunded = "charged orders refunded"
-		wantFailed(t, rep, map[string]string{
+		want := map[string]string{
 			consumertest.ScenarioDuplicateDuring:  refunded,
-			consumertest.PointAfterReserve:        refunded,
 			consumertest.PointInStep("charge"):    refunded,
 			consumertest.PointAfterStep("charge"): refunded,
 			consumertest.PointBeforeCommit:        refunded,
-		})
+		}
+		if !inTx(mode) {
+			// (In optimistic and batch groups the reservation the crash
+			// hits is in the group's transaction: it leaves no key held.)
+			want[consumertest.PointAfterReserve] = refunded
+		}
+		wantFailed(t, rep, want)
 	})
 }
 
