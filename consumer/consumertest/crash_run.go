@@ -435,6 +435,11 @@ func (k *pointRun) waitEnd(w *worker) (bool, error) {
 		case <-w.dead:
 			return false, nil
 		case <-w.ended:
+			select {
+			case <-w.dead: // it crashed, and its Run returned since
+				return false, nil
+			default:
+			}
 			return false, fmt.Errorf("the consumer stopped: %v", w.err)
 		case <-k.events:
 		case <-tick.C:
