@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -32,16 +34,18 @@ type keyReport struct {
 	ResponseCode   *int       `json:"response_code"`
 	ResponseReason string     `json:"response_reason"`
 	ResponseSize   *int       `json:"response_size"`
-	RecoveryPoint  string     `json:"recovery_point"`
-	RecoveryDataSz int        `json:"recovery_data_size"`
-	Steps          []string   `json:"steps"`
-	Fingerprint    string     `json:"fingerprint"`
-	TraceID        string     `json:"trace_id"`
-	SpanID         string     `json:"span_id"`
-	TraceURL       string     `json:"trace_url"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	CompletedAt    *time.Time `json:"completed_at"`
+	// ResponseHeaders names the headers of a stored HTTP answer.
+	ResponseHeaders []string   `json:"response_headers,omitempty"`
+	RecoveryPoint   string     `json:"recovery_point"`
+	RecoveryDataSz  int        `json:"recovery_data_size"`
+	Steps           []string   `json:"steps"`
+	Fingerprint     string     `json:"fingerprint"`
+	TraceID         string     `json:"trace_id"`
+	SpanID          string     `json:"span_id"`
+	TraceURL        string     `json:"trace_url"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+	CompletedAt     *time.Time `json:"completed_at"`
 }
 
 // stateReleased is how keys inspect shows an in-progress row whose holder
@@ -160,6 +164,7 @@ func report(rec *dedup.Record, keyHash string, hashed bool, jaeger string) keyRe
 		r.Outcome, r.ResponseReason = string(rec.Result.Outcome), rec.Result.Reason
 		code, size := rec.Result.Code, len(rec.Result.Response)
 		r.ResponseCode, r.ResponseSize = &code, &size
+		r.ResponseHeaders = slices.Sorted(maps.Keys(rec.Result.Headers))
 	}
 	if strings.Trim(r.TraceID, "0") == "" {
 		// No tracer was installed when the key was first processed.
@@ -209,7 +214,11 @@ func printKey(a *app, r keyReport) {
 		line("outcome", "%s", dash(r.Outcome))
 	}
 	if r.ResponseCode != nil {
-		line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
+		if len(r.ResponseHeaders) > 0 {
+			line("response", "code %d, %d bytes, headers %s", *r.ResponseCode, *r.ResponseSize, strings.Join(r.ResponseHeaders, ", "))
+		} else {
+			line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
+		}
 	} else {
 		line("response", "-")
 	}
