@@ -31,9 +31,7 @@ func (c *Consumer) call(it *item, tx pgx.Tx) (dedup.Result, error) {
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
-	if c.direct != nil {
-		it.del.tx = tx // what a crash in a step abandons too
-	}
+	c.crashTx([]*item{it}, tx)
 	resp, err := c.safeCall(c.withClaim(ctx, it.del), handlerTx{tx}, it.del)
 	if rej := (*RejectError)(nil); errors.As(err, &rej) {
 		span.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
@@ -61,6 +59,7 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, tx pgx.Tx) ([]d
 	ctx, span := c.tracer.Start(ctx, "idemq batch handler", groupLinks(items))
 	defer span.End()
 	span.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
+	c.crashTx(items, tx)
 	dels := make([]*Delivery, len(items))
 	for i, it := range items {
 		dels[i] = it.del

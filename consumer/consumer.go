@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/propagator"
@@ -81,9 +82,9 @@ type Consumer struct {
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
 	keys wire.Keys
-	// direct is set on a consumer the test kit runs (direct.go): its crash
-	// hook. Nil in a running consumer.
-	direct *directRun
+	// crash is the crash test kit's hook (crash.go); nil but in the
+	// consumers the kit runs.
+	crash kit.Hook
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg

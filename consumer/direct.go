@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer/internal/kit"
 )
@@ -27,9 +24,8 @@ func init() { kit.Process = processDirect }
 // so that copies are trimmed as they would be on a default broker.
 const directFrameMax = 128 << 10
 
-// processDirect takes d through c's pipeline on a recording session; at
-// (if any) may crash it at a stage (see crashAt).
-func processDirect(ctx context.Context, cons any, d amqp.Delivery, at kit.Hook) (kit.Run, error) {
+// processDirect takes d through c's pipeline on a recording session.
+func processDirect(ctx context.Context, cons any, d amqp.Delivery) (kit.Run, error) {
 	c, ok := cons.(*Consumer)
 	if !ok {
 		return kit.Run{}, fmt.Errorf("consumer kit: %T is not a *consumer.Consumer", cons)
@@ -48,69 +44,11 @@ func processDirect(ctx context.Context, cons any, d amqp.Delivery, at kit.Hook) 
 	rec := &recorder{}
 	d.Acknowledger = rec
 	s := &session{pub: rec, stop: make(chan struct{})}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if at != nil {
-		c.direct = &directRun{at: at, cancel: cancel}
-	}
 	it := c.begin(ctx, &d)
-	// The attempt runs on a goroutine of its own, which a crash ends
-	// (runtime.Goexit) wherever it is.
-	finished := make(chan bool)
-	go func() {
-		ok := false
-		defer func() { finished <- ok }()
-		c.processItems(ctx, s, []*item{it})
-		ok = true
-	}()
-	ok = <-finished
+	c.processItems(ctx, s, []*item{it})
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	run := kit.Run{Claim: it.claim, Published: rec.published, Acked: rec.acked, Requeued: rec.requeued}
-	if !ok {
-		if c.direct == nil || c.direct.stage == 0 {
-			return run, errors.New("consumer kit: the attempt's goroutine exited without a crash")
-		}
-		run.Crashed, run.Stage, run.TraceID = true, c.direct.stage, c.direct.traceID
-	}
-	return run, nil
-}
-
-// directRun is the crash hook of a consumer the test kit runs, and where
-// the attempt crashed.
-type directRun struct {
-	at     kit.Hook
-	cancel context.CancelFunc
-	// stage and traceID are set by the crash, read once the attempt's
-	// goroutine has exited.
-	stage   kit.Stage
-	traceID string
-}
-
-// crashAt calls the test kit's hook at stage (a no-op for a consumer that
-// is not run by the kit). When the hook asks for a crash, the attempt dies
-// here as its process would: the transactions in txs (those it holds open)
-// are abandoned, their connections closed under them without COMMIT or
-// ROLLBACK, so that Postgres rolls them back; the attempt's context ends,
-// which stops the heartbeat; and the goroutine exits, running only its
-// deferred calls, so nothing is released, published or acked: the lease
-// expires and the broker redelivers.
-func (c *Consumer) crashAt(ctx context.Context, stage kit.Stage, step string, txs ...pgx.Tx) {
-	r := c.direct
-	if r == nil || r.at == nil || !r.at(ctx, stage, step) {
-		return
-	}
-	for _, tx := range txs {
-		if tx != nil {
-			_ = tx.Conn().PgConn().Conn().Close()
-		}
-	}
-	r.stage = stage
-	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
-		r.traceID = sc.TraceID().String()
-	}
-	r.cancel()
-	runtime.Goexit()
+	return kit.Run{Claim: it.claim, Published: rec.published, Acked: rec.acked, Requeued: rec.requeued}, nil
 }
 
 // recorder is a direct session's publisher, which confirms every message

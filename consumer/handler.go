@@ -73,7 +73,7 @@ type Delivery struct {
 	// crash is the test kit's crash hook (Consumer.crashAt), and tx the
 	// handler's transaction, which a crash in a step abandons too; nil in a
 	// running consumer.
-	crash func(ctx context.Context, stage kit.Stage, step string, txs ...pgx.Tx)
+	crash func(stage kit.Stage, step string, txs ...pgx.Tx)
 	tx    pgx.Tx
 }
 
@@ -108,11 +108,11 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
-		d.crash(ctx, kit.StageInStep, name, tx, d.tx)
+		d.crash(kit.StageInStep, name, tx, d.tx)
 		return nil
 	})
 	if err == nil {
-		d.crash(ctx, kit.StageAfterStep, name, d.tx)
+		d.crash(kit.StageAfterStep, name, d.tx)
 	}
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
@@ -65,6 +66,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		others = append(others, it)
 		otherRes = append(otherRes, res[i])
 	}
+	c.crashAt(kit.StageAfterReserve, "", acquired, tx)
 	var results []groupResult
 	if len(acquired) > 0 {
 		done := c.handling(ctx, acquired)
@@ -81,6 +83,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 			return false
 		}
 	}
+	c.crashAt(kit.StageAfterCommit, "", committing(acquired, results))
 	for i, it := range others {
 		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", otherRes[i].Decision.String())))
 		c.decide(s, it, otherRes[i])

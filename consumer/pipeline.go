@@ -158,9 +158,7 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 	}
 	if !c.claimInTx || c.stepsSeen.Load() || !c.runInTx(ctx, s, claimable) {
 		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
-			for _, it := range acquired {
-				c.crashAt(it.ctx, kit.StageAfterReserve, "")
-			}
+			c.crashAt(kit.StageAfterReserve, "", acquired)
 			c.execute(ctx, s, acquired)
 		}
 	}
@@ -258,10 +256,12 @@ type groupResult struct {
 func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
 	defer c.handling(ctx, items)()
 	stop := c.heartbeat(ctx, items)
+	defer stop() // also when the test kit crashes the group (crash.go)
 	t0 := time.Now()
 	results := c.strategy.run(ctx, items)
 	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	stop()
+	c.crashAt(kit.StageAfterCommit, "", committing(items, results))
 	c.releaseFailed(ctx, items, results)
 	c.settle(s, items, results)
 }

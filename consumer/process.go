@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
@@ -80,6 +82,7 @@ func (c *Consumer) finish(it *item) {
 	if c.cfg.OnOutcome != nil {
 		c.cfg.OnOutcome(ev)
 	}
+	c.settled(it, ev.Outcome)
 }
 
 // prepare reads the key, tenant and fingerprint. A delivery that cannot be
@@ -176,8 +179,8 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
 		lease: lease, store: c.store,
 	}
-	if c.direct != nil {
-		it.del.crash = c.crashAt
+	if c.crash != nil {
+		it.del.crash = func(stage kit.Stage, step string, txs ...pgx.Tx) { c.crashAt(stage, step, []*item{it}, txs...) }
 	}
 }
 

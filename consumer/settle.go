@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
@@ -37,7 +36,6 @@ const copyFailedPause = time.Second
 // settleSuccess settles an item whose effects and key completion committed:
 // the stored result goes to reply_to (if asked), then the ack.
 func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
-	c.crashAt(it.ctx, kit.StageAfterCommit, "")
 	if r.Outcome == dedup.OutcomeRejected {
 		it.ev.Outcome, it.ev.RejectReason = OutcomeRejected, r.Reason
 	} else {

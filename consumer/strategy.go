@@ -72,6 +72,7 @@ func (s isolated) run(ctx context.Context, items []*item) []groupResult {
 			return out
 		}
 	}
+	c.crashAt(kit.StageBeforeCommit, "", committing(items, out), tx)
 	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
 	defer cspan.End()
 	if err := c.commit(cctx, tx); err != nil {
@@ -99,7 +100,7 @@ func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResu
 	err = c.store.Complete(sctx, tx, it.lease, result)
 	cancel()
 	if err == nil {
-		c.crashAt(it.ctx, kit.StageBeforeCommit, "", tx)
+		c.crashAt(kit.StageBeforeCommit, "", []*item{it}, tx)
 		if err = c.commit(cctx, tx); err != nil {
 			// The commit's fate is unknown: the key is released (a no-op
 			// if it did commit) and retried; the retry is then a duplicate.
@@ -201,6 +202,7 @@ func (s whole) commitWhole(ctx context.Context, tx pgx.Tx, items []*item) ([]gro
 		return nil, err
 	}
 	out := make([]groupResult, len(items))
+	c.crashAt(kit.StageBeforeCommit, "", items, tx)
 	if err := c.commit(cctx, tx); err != nil {
 		// The commit's fate is unknown: every item is retried; a retry finds
 		// its key completed (a duplicate) if the commit landed.

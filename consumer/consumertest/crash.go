@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -19,8 +17,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/relaykit"
-	"github.com/idemq/idemq/outbox"
 )
 
 // CrashLease is the lease of a crash test's keys unless its Subject's
@@ -33,11 +29,12 @@ const CrashLease = time.Second
 const (
 	// PointNone: every delivery runs without a crash (the baseline).
 	PointNone = "no crash"
-	// PointAfterReserve: the key is reserved, its lease held; the handler
-	// has not run.
+	// PointAfterReserve: the keys are reserved, their leases held; no
+	// handler has run.
 	PointAfterReserve = "after the reservation"
-	// PointBeforeCommit: the handler returned, with its effects, and the
-	// key is completed in its transaction, which has not committed.
+	// PointBeforeCommit: the handlers returned, with their effects, and
+	// the keys are completed in their transaction, which has not
+	// committed.
 	PointBeforeCommit = "after the handler, before COMMIT"
 	// PointAfterCommit: the transaction committed; the delivery is not
 	// acked, so the broker delivers it again.
@@ -54,15 +51,16 @@ const (
 	// the Subject has a Downstream: there each message arrives twice, so
 	// its Check passes only when it deduplicates by message_id.
 	PointRelayBeforeMark = "after the relay publishes, before it marks the row"
-	// ScenarioDuplicateDuring: a second copy of each message arrives while
-	// the first copy's handler runs.
+	// ScenarioDuplicateDuring: a second copy of each message arrives, at
+	// a second worker, while the first copy's handler runs.
 	ScenarioDuplicateDuring = "a second copy during the first"
 	// ScenarioDuplicateAfter: a second copy of each message arrives after
 	// the first one was handled.
 	ScenarioDuplicateAfter = "a second copy after the first"
 	// ScenarioLeaseExpired: the first copy's handler is so slow that its
-	// lease expires (its heartbeat does not run); a redelivery takes the
-	// key over and runs to its end; then the slow handler goes on.
+	// lease expires (its worker's heartbeat is off); a second copy, at a
+	// second worker, takes the key over and runs; then the slow handler
+	// goes on.
 	ScenarioLeaseExpired = "the lease expires under a slow handler"
 )
 
@@ -74,6 +72,31 @@ func PointInStep(name string) string { return "in step " + name + ", before its 
 // recovery point), before the handler goes on.
 func PointAfterStep(name string) string { return "after step " + name + " commits" }
 
+// Mode is how a consumer runs its handlers: one of the execution modes of
+// package consumer. A crash test runs in one mode; Modes lists them all,
+// for a table of tests.
+type Mode string
+
+// The modes.
+const (
+	// ModeSingle: one delivery per transaction (Config.GroupSize 1).
+	ModeSingle Mode = "single"
+	// ModeGroup: group commit, isolated: the group's keys reserved with one
+	// statement, each handler under a savepoint of the group's transaction,
+	// one commit (the consumer's default).
+	ModeGroup Mode = "group"
+	// ModeOptimistic: group commit without savepoints
+	// (Config.GroupOptimistic): if a handler fails, the group runs again
+	// with savepoints.
+	ModeOptimistic Mode = "optimistic"
+	// ModeBatch: a consumer.BatchHandler (consumer.NewBatch) handles the
+	// group in one call.
+	ModeBatch Mode = "batch"
+)
+
+// Modes returns every mode, in the order above.
+func Modes() []Mode { return []Mode{ModeSingle, ModeGroup, ModeOptimistic, ModeBatch} }
+
 // Subject is one fresh copy of what a crash test runs: the store (on a
 // schema of its own), the handler and whatever it acts on, and the check
 // of the end state. CrashPoints asks its setup for a new Subject for each
@@ -83,8 +106,25 @@ type Subject struct {
 	Store *dedup.Store
 	// Handler is the handler under test.
 	Handler consumer.Handler
-	// Config is the consumer's configuration, as for NewRunner (nil for
-	// defaults); its Lease defaults to CrashLease.
+	// BatchHandler, when set, is the handler under test instead of
+	// Handler, in ModeBatch (consumer.NewBatch). In ModeBatch without it,
+	// the batch handler calls Handler on each delivery of the batch in
+	// turn, in the batch's transaction.
+	BatchHandler consumer.BatchHandler
+	// Mode is the mode the consumer runs in. Zero: the mode Config and
+	// BatchHandler make (ModeBatch with a BatchHandler, ModeOptimistic
+	// with GroupOptimistic, ModeSingle with a GroupSize of 1, else
+	// ModeGroup, the consumer's default).
+	Mode Mode
+	// Config is the consumer's configuration, as for consumer.New. URL,
+	// the broker's, is required. The crash test gives each point a work
+	// queue of its own, named after Queue (default DefaultQueue) and
+	// deleted with its tiers and dead-letter queue at the point's end; Name
+	// defaults to DefaultName, Lease to CrashLease, a nil Logger logs
+	// warnings to the test's log. Each worker runs one executor
+	// (Concurrency 1), so that a crash kills all it holds; in the group
+	// modes, GroupSize fits all the deliveries and GroupLinger (default
+	// 200ms) lets them form one group.
 	Config *consumer.Config
 	// Check is called once every delivery ran to its end (processed,
 	// rejected, dead-lettered, or a duplicate), and the outbox's rows were
@@ -102,7 +142,8 @@ type Subject struct {
 // Store's schema until every row is published, takes the messages that
 // arrived in Queue, and gives them to Check.
 type Downstream struct {
-	// URL is the broker the relay publishes to.
+	// URL is the broker the relay publishes to; default the Subject's
+	// Config.URL.
 	URL string
 	// Queue is where the outbox's messages are routed (by their Exchange
 	// and RoutingKey). It must be the Subject's own and empty: the setup
@@ -116,46 +157,62 @@ type Downstream struct {
 	Check func(ctx context.Context, msgs []amqp.Delivery) error
 }
 
-// CrashPoints runs deliveries, in order, through the runtime's pipeline
-// once per crash point, each time on a fresh Subject from setup, and
-// reports for each point whether the Subject's Check passed.
+// CrashPoints publishes deliveries to a real RabbitMQ queue, in order,
+// once per crash point, each time on a fresh Subject from setup, has a
+// real consumer (consumer.New, or consumer.NewBatch in ModeBatch) of that
+// queue take them through its pipeline in the Subject's Mode, and reports
+// for each point whether the Subject's Check passed.
 //
-// At a crash point, the first attempt of every delivery that reaches the
-// point dies there as a process does: the transactions it holds open are
-// abandoned (their connections closed without COMMIT or ROLLBACK, so
-// Postgres rolls them back), its lease is neither extended nor released,
-// and the delivery is not acked. When the lease has expired, the delivery
-// comes again, as the broker redelivers it, and takes the key over; from
-// there every retry copy is delivered too, until the delivery ends
-// (processed, rejected, dead-lettered, a duplicate). Then Check runs.
+// At a crash point, the worker that holds a delivery reaching the point
+// dies there as a process does: its broker connection drops (the broker
+// requeues every delivery it had not acked), the transactions it holds
+// open are abandoned (their connections closed without COMMIT or ROLLBACK,
+// so Postgres rolls them back), its leases are neither extended nor
+// released. A new worker then consumes the queue: the broker redelivers,
+// a redelivery that finds its key's lease still valid waits in a retry
+// tier, and once the lease expired it takes the key over. Every delivery
+// crashes at the point once, the first time it reaches it; in the group
+// modes the deliveries that reach it together crash together. When every
+// delivery ended (processed, rejected, dead-lettered, a duplicate) and
+// the queue and its tiers are empty, Check runs.
 //
 // The points, in a delivery's order: PointAfterReserve; for every step
-// the deliveries' first attempts ran in the baseline, PointInStep and
-// PointAfterStep;
-// PointBeforeCommit; PointAfterCommit. Then the scenarios:
-// With a Downstream, PointOutboxCommitted and PointRelayBeforeMark. Then
-// the scenarios: ScenarioDuplicateDuring, ScenarioDuplicateAfter,
-// ScenarioLeaseExpired. The first row is the baseline, PointNone.
+// the deliveries ran in the baseline, PointInStep and PointAfterStep;
+// PointBeforeCommit; PointAfterCommit. With a Downstream,
+// PointOutboxCommitted and PointRelayBeforeMark. Then the scenarios:
+// ScenarioDuplicateDuring, ScenarioDuplicateAfter, ScenarioLeaseExpired.
+// The first row is the baseline, PointNone.
 //
-// CrashPoints fails tb only when it cannot run (an invalid configuration,
-// a schema that is not migrated, a delivery that never ends); a failing
-// Check is in the report. It takes a few seconds per point: each crash
-// waits for a lease to expire.
+// Each published copy carries the header x-consumertest-copy, and a trace
+// context of its own unless it has one: the report names the crashed
+// attempts by their traces.
+//
+// setup is called on the test's goroutine, once per point, before the
+// points run; the points then run at the same time (as many as the first
+// Subject's pool has room for), so each Subject's handler and Check must
+// touch only that Subject's things. CrashPoints fails tb only when it
+// cannot run (an invalid configuration, a schema that is not migrated, no
+// broker, a delivery that never ends); a failing Check is in the report.
+// A point takes a few seconds: each crash waits for a lease to expire.
 func CrashPoints(tb testing.TB, setup func(tb testing.TB) Subject, deliveries ...amqp.Publishing) *CrashReport {
 	tb.Helper()
-	rep := &CrashReport{}
+	base := setup(tb)
+	mode, err := base.mode()
+	if err != nil {
+		tb.Fatalf("consumertest: CrashPoints: %v", err)
+	}
+	rep := &CrashReport{Mode: mode}
 	var steps []string
-	baseline := crashPoint{name: PointNone, at: func(stage kit.Stage, step string) bool {
-		if stage == kit.StageAfterStep && !slices.Contains(steps, step) {
-			steps = append(steps, step)
+	baseline := crashPoint{name: PointNone, watch: func(at kit.At) {
+		if at.Stage == kit.StageAfterStep && !slices.Contains(steps, at.Step) {
+			steps = append(steps, at.Step)
 		}
-		return false
 	}}
-	var probe Subject
-	rep.Rows = append(rep.Rows, runPoint(tb, func(tb testing.TB) Subject {
-		probe = setup(tb)
-		return probe
-	}, deliveries, baseline))
+	row, err := runPoint(tb, base, deliveries, baseline)
+	if err != nil {
+		tb.Fatalf("consumertest: CrashPoints %s: %v", PointNone, err)
+	}
+	rep.Rows = append(rep.Rows, row)
 	points := []crashPoint{{name: PointAfterReserve, stage: kit.StageAfterReserve}}
 	for _, s := range steps {
 		points = append(points,
@@ -165,7 +222,7 @@ func CrashPoints(tb testing.TB, setup func(tb testing.TB) Subject, deliveries ..
 	points = append(points,
 		crashPoint{name: PointBeforeCommit, stage: kit.StageBeforeCommit},
 		crashPoint{name: PointAfterCommit, stage: kit.StageAfterCommit})
-	if probe.Downstream != nil {
+	if base.Downstream != nil {
 		points = append(points,
 			crashPoint{name: PointOutboxCommitted, stage: kit.StageAfterCommit, outboxRows: true},
 			crashPoint{name: PointRelayBeforeMark, relayCrash: true})
@@ -174,14 +231,81 @@ func CrashPoints(tb testing.TB, setup func(tb testing.TB) Subject, deliveries ..
 		crashPoint{name: ScenarioDuplicateDuring, scenario: duplicateDuring},
 		crashPoint{name: ScenarioDuplicateAfter, scenario: duplicateAfter},
 		crashPoint{name: ScenarioLeaseExpired, scenario: leaseExpired})
-	for _, p := range points {
-		rep.Rows = append(rep.Rows, runPoint(tb, setup, deliveries, p))
+	subjects := make([]Subject, len(points))
+	for i := range points {
+		subjects[i] = setup(tb)
 	}
+	rows := make([]CrashRow, len(points))
+	errs := make([]error, len(points))
+	slots := make(chan struct{}, parallelPoints(base.Store))
+	var wg sync.WaitGroup
+	for i, p := range points {
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			rows[i], errs[i] = runPoint(tb, subjects[i], deliveries, p)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			tb.Fatalf("consumertest: CrashPoints %s: %v", points[i].name, err)
+		}
+	}
+	rep.Rows = append(rep.Rows, rows...)
 	return rep
+}
+
+// pointConns is how many database connections one point may hold at once:
+// a transaction, a step's, a heartbeat's, a reservation's, for each of two
+// workers.
+const pointConns = 6
+
+// maxParallelPoints bounds the points that run at once.
+const maxParallelPoints = 16
+
+// parallelPoints is how many points run at once on store's pool.
+func parallelPoints(store *dedup.Store) int {
+	if store == nil {
+		return 1
+	}
+	return min(maxParallelPoints, max(1, int(store.Pool().Config().MaxConns)/pointConns))
+}
+
+// mode is the mode the Subject runs in, and whether its handlers fit it.
+func (s Subject) mode() (Mode, error) {
+	var cfg consumer.Config
+	if s.Config != nil {
+		cfg = *s.Config
+	}
+	m := s.Mode
+	if m == "" {
+		switch {
+		case s.BatchHandler != nil:
+			m = ModeBatch
+		case cfg.GroupOptimistic:
+			m = ModeOptimistic
+		case cfg.GroupSize == 1:
+			m = ModeSingle
+		default:
+			m = ModeGroup
+		}
+	}
+	switch {
+	case !slices.Contains(Modes(), m):
+		return "", fmt.Errorf("unknown mode %q", m)
+	case s.BatchHandler != nil && m != ModeBatch:
+		return "", fmt.Errorf("the Subject has a BatchHandler, which mode %s does not run", m)
+	case s.Handler == nil && s.BatchHandler == nil:
+		return "", errors.New("the setup's Subject needs a Handler (or a BatchHandler)")
+	}
+	return m, nil
 }
 
 // CrashReport is what a crash test found, one row per point.
 type CrashReport struct {
+	// Mode is the mode the consumer ran in.
+	Mode Mode
 	Rows []CrashRow
 }
 
@@ -191,13 +315,12 @@ type CrashRow struct {
 	Point string
 	// Reached reports that at least one delivery reached the point (a
 	// handler that never commits never reaches PointAfterCommit); always
-	// true for the baseline and the scenarios.
+	// true for the baseline and ScenarioDuplicateAfter.
 	Reached bool
 	// Err is the Check's failure; nil when the point passed.
 	Err error
 	// TraceIDs are the traces of the attempts that crashed (in a scenario,
-	// of the first copies): empty when the consumer's TracerProvider
-	// records nothing.
+	// of the first copies), one per delivery.
 	TraceIDs []string
 }
 
@@ -222,7 +345,7 @@ func (r *CrashReport) Err() error {
 	if !r.Failed() {
 		return nil
 	}
-	return errors.New("crash points failed:\n" + r.String())
+	return fmt.Errorf("crash points failed (mode %s):\n%s", r.Mode, r)
 }
 
 // String is the report as a table: point, result (passed, not reached, or
@@ -260,424 +383,10 @@ type crashPoint struct {
 	name     string
 	stage    kit.Stage
 	step     string
-	at       func(stage kit.Stage, step string) bool
-	scenario func(k *crashRun, msg amqp.Publishing) error
+	watch    func(at kit.At)
+	scenario func(k *pointRun) error
 	// outboxRows: the point is reached only when outbox rows are pending
 	// at its stage. relayCrash: the deliveries run without a crash, the
 	// first relay dies after its confirms.
 	outboxRows, relayCrash bool
-}
-
-// crashRun is one row's run: a fresh Subject and its runner.
-type crashRun struct {
-	tb      testing.TB
-	subject Subject
-	runner  *Runner
-	lease   time.Duration
-	row     *CrashRow
-	// outbox is the Store's outbox when the Subject has a Downstream.
-	outbox *outbox.Outbox
-}
-
-// crashWait bounds every wait of a crash test beyond the lease: for a
-// paused handler, for a lease to expire, for a delivery to end.
-const crashWait = time.Minute
-
-// maxRuns bounds the deliveries of one message before CrashPoints gives up
-// on it ending.
-const maxRuns = 50
-
-// runPoint runs every delivery on a fresh Subject under p and checks.
-func runPoint(tb testing.TB, setup func(testing.TB) Subject, deliveries []amqp.Publishing, p crashPoint) CrashRow {
-	tb.Helper()
-	subject := setup(tb)
-	if subject.Store == nil || subject.Handler == nil || subject.Check == nil {
-		tb.Fatalf("consumertest: CrashPoints: the setup's Subject needs a Store, a Handler and a Check")
-	}
-	var cfg consumer.Config
-	if subject.Config != nil {
-		cfg = *subject.Config
-	}
-	cfg.Lease = cmp.Or(cfg.Lease, CrashLease)
-	row := CrashRow{Point: p.name, Reached: p.stage == 0 && !p.relayCrash}
-	k := &crashRun{tb: tb, subject: subject, runner: NewRunner(subject.Store, subject.Handler, &cfg), lease: cfg.Lease, row: &row}
-	var ob *outbox.Outbox
-	if d := subject.Downstream; d != nil {
-		if d.URL == "" || d.Queue == "" || d.Check == nil {
-			tb.Fatalf("consumertest: CrashPoints: the Subject's Downstream needs a URL, a Queue and a Check")
-		}
-		var err error
-		if ob, err = outbox.New(subject.Store.Pool(), &outbox.Config{Schema: subject.Store.Config().Schema}); err != nil {
-			tb.Fatalf("consumertest: CrashPoints: %v", err)
-		}
-		k.outbox = ob
-	}
-	for _, msg := range deliveries {
-		run := k.crashOnce
-		if p.scenario != nil {
-			run = func(msg amqp.Publishing, _ crashPoint) error { return p.scenario(k, msg) }
-		}
-		if err := run(msg, p); err != nil {
-			tb.Fatalf("consumertest: CrashPoints %s, message %q: %v", p.name, msg.MessageId, err)
-		}
-	}
-	var msgs []amqp.Delivery
-	if ob != nil {
-		var err error
-		if msgs, err = k.relay(p.relayCrash); err != nil {
-			tb.Fatalf("consumertest: CrashPoints %s: %v", p.name, err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), crashWait)
-	defer cancel()
-	row.Err = subject.Check(ctx)
-	if ob != nil && row.Err == nil {
-		row.Err = subject.Downstream.Check(ctx, msgs)
-	}
-	return row
-}
-
-// relay publishes the outbox's rows with a real relay until none is
-// pending (the first relay dying after its confirms when crash is set),
-// and returns the messages that arrived downstream.
-func (k *crashRun) relay(crash bool) ([]amqp.Delivery, error) {
-	d := k.subject.Downstream
-	if crash {
-		died, err := k.runRelay(true)
-		if err != nil {
-			return nil, err
-		}
-		k.row.Reached = died
-	}
-	if _, err := k.runRelay(false); err != nil {
-		return nil, err
-	}
-	conn, err := amqp.Dial(d.URL)
-	if err != nil {
-		return nil, fmt.Errorf("downstream: dial: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("downstream: channel: %w", err)
-	}
-	// Every row is marked, so each message was confirmed: it is in the
-	// queue already.
-	var msgs []amqp.Delivery
-	for {
-		m, ok, err := ch.Get(d.Queue, true)
-		if err != nil {
-			return nil, fmt.Errorf("downstream: get from %q: %w", d.Queue, err)
-		}
-		if !ok {
-			return msgs, nil
-		}
-		msgs = append(msgs, m)
-	}
-}
-
-// runRelay runs one relay on the Subject's outbox until no row is pending
-// or, with crash, until it died after the confirms of its first batch (it
-// reports whether it did).
-func (k *crashRun) runRelay(crash bool) (died bool, err error) {
-	r, err := outbox.NewRelay(k.outbox, k.subject.Downstream.URL, &outbox.RelayConfig{
-		ConnectionName: "consumertest-relay", Lanes: 1, PollInterval: 20 * time.Millisecond,
-		RetryInitial: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		return false, fmt.Errorf("relay: %w", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var crashed atomic.Bool
-	if crash {
-		relaykit.SetAfterConfirm(r, func(context.Context) bool {
-			if crashed.Swap(true) {
-				return false
-			}
-			cancel()
-			return true
-		})
-	}
-	ran := make(chan error, 1)
-	go func() { ran <- r.Run(ctx) }()
-	deadline := time.Now().Add(crashWait)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-ran:
-			if crashed.Load() {
-				return true, nil
-			}
-			return false, fmt.Errorf("the relay stopped: %v", err)
-		case <-tick.C:
-		}
-		b, err := k.outbox.Pending(context.Background())
-		if err != nil {
-			cancel()
-			<-ran
-			return false, err
-		}
-		if b.Pending == 0 {
-			cancel()
-			<-ran
-			return crashed.Load(), nil
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			<-ran
-			return false, fmt.Errorf("%d outbox rows still pending after %s", b.Pending, crashWait)
-		}
-	}
-}
-
-// crashOnce delivers msg until it ends, its first attempt crashing at p.
-func (k *crashRun) crashOnce(msg amqp.Publishing, p crashPoint) error {
-	crashed := false
-	at := func(_ context.Context, stage kit.Stage, step string) bool {
-		if p.at != nil {
-			return p.at(stage, step)
-		}
-		if crashed || stage != p.stage || step != p.step {
-			return false
-		}
-		if p.outboxRows {
-			b, err := k.outbox.Pending(context.Background())
-			if err != nil || b.Pending == 0 {
-				return false
-			}
-		}
-		crashed = true
-		return true
-	}
-	a, err := k.runner.attempt(k.tb, msg, attemptOpts{at: at})
-	if err != nil {
-		return err
-	}
-	return k.toEnd(msg, a)
-}
-
-// toEnd takes a delivery of msg that ran (a) to its end: after a crash,
-// msg comes again once the lease expired; after a retry or a busy key, the
-// copy the runtime published in its place.
-func (k *crashRun) toEnd(msg amqp.Publishing, a attempted) error {
-	for runs := 1; ; runs++ {
-		if a.run.Crashed {
-			k.row.Reached = true
-			if a.run.TraceID != "" {
-				k.row.TraceIDs = append(k.row.TraceIDs, a.run.TraceID)
-			}
-		}
-		next, done, err := k.next(msg, a)
-		if err != nil || done {
-			return err
-		}
-		if runs >= maxRuns {
-			return fmt.Errorf("the message did not end after %d deliveries (last outcome %q)", maxRuns, a.Outcome)
-		}
-		msg = next
-		if a, err = k.runner.attempt(k.tb, msg, attemptOpts{}); err != nil {
-			return err
-		}
-	}
-}
-
-// next is what the broker delivers after a: nothing (done), msg again (a
-// crashed, or its copy could not be published), or the copy that replaced
-// it. It waits for the lease to expire when the key is held.
-func (k *crashRun) next(msg amqp.Publishing, a attempted) (next amqp.Publishing, done bool, err error) {
-	if a.run.Crashed {
-		return msg, false, k.leaseExpired(a.run.Claim.Scope)
-	}
-	switch a.Outcome {
-	case consumer.OutcomeProcessed, consumer.OutcomeRejected, consumer.OutcomeDuplicate,
-		consumer.OutcomeDeadLettered, consumer.OutcomeInvalidKey, consumer.OutcomeKeyReuse:
-		return amqp.Publishing{}, true, nil
-	case consumer.OutcomeCopyFailed:
-		return msg, false, nil
-	}
-	if a.Copy == nil {
-		return amqp.Publishing{}, false, fmt.Errorf("outcome %q without a copy", a.Outcome)
-	}
-	if a.Outcome == consumer.OutcomeInProgress {
-		err = k.leaseExpired(a.run.Claim.Scope)
-	}
-	return a.Copy.Publishing, false, err
-}
-
-// leaseExpired waits until no one holds scope's key: its lease expired or
-// was released, or the key completed.
-func (k *crashRun) leaseExpired(scope dedup.Scope) error {
-	deadline := time.Now().Add(k.lease + crashWait)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		rec, err := k.subject.Store.Inspect(context.Background(), scope)
-		switch {
-		case errors.Is(err, dedup.ErrNotFound):
-			return nil
-		case err != nil:
-			return fmt.Errorf("inspect the key: %w", err)
-		case rec.State != dedup.StateInProgress || !rec.LeaseValid:
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the key's lease did not expire within %s", k.lease+crashWait)
-		}
-		<-tick.C
-	}
-}
-
-// paused is a first copy held after its handler returned, before its key's
-// completion, until released.
-type paused struct {
-	held, release chan struct{}
-	done          chan attemptResult
-	// scope is the key the held handler holds; set before held closes.
-	scope dedup.Scope
-}
-
-type attemptResult struct {
-	a   attempted
-	err error
-}
-
-// pause starts a delivery of msg whose handler, once it returned, waits
-// for release; it returns when the handler is held, or the delivery ended
-// without reaching it.
-func (k *crashRun) pause(msg amqp.Publishing, noHeartbeat bool) (*paused, error) {
-	p := &paused{held: make(chan struct{}), release: make(chan struct{}), done: make(chan attemptResult, 1)}
-	hold := func(d *consumer.Delivery) {
-		p.scope = dedup.Scope{Consumer: k.runner.cfg.Name, Tenant: d.Tenant, Key: d.Key}
-		close(p.held)
-		<-p.release
-	}
-	go func() {
-		a, err := k.runner.attempt(k.tb, msg, attemptOpts{after: hold, noHeartbeat: noHeartbeat})
-		p.done <- attemptResult{a, err}
-	}()
-	select {
-	case <-p.held:
-		return p, nil
-	case r := <-p.done:
-		p.done <- r
-		return p, nil
-	case <-time.After(crashWait):
-		close(p.release)
-		return nil, fmt.Errorf("the first copy did not reach the end of its handler within %s", crashWait)
-	}
-}
-
-// end releases the held handler and waits for the first copy's attempt.
-func (p *paused) end(k *crashRun) (attempted, error) {
-	select {
-	case <-p.release:
-	default:
-		close(p.release)
-	}
-	r := <-p.done
-	if r.err != nil {
-		return attempted{}, r.err
-	}
-	if tid := r.a.TraceID; tid != "" {
-		k.row.TraceIDs = append(k.row.TraceIDs, tid)
-	}
-	return r.a, nil
-}
-
-// finish releases the held handler and takes the first copy to its end.
-func (p *paused) finish(k *crashRun, msg amqp.Publishing) error {
-	a, err := p.end(k)
-	if err != nil {
-		return err
-	}
-	return k.toEnd(msg, a)
-}
-
-// duplicateDuring delivers a second copy of msg while the first one's
-// handler is held, then lets the first go on; both run to their end.
-func duplicateDuring(k *crashRun, msg amqp.Publishing) error {
-	first, err := k.pause(msg, false)
-	if err != nil {
-		return err
-	}
-	second, err := k.runner.attempt(k.tb, msg, attemptOpts{})
-	if err != nil {
-		first.finish(k, msg) //nolint:errcheck // the second copy's error is the one to report
-		return err
-	}
-	if err := first.finish(k, msg); err != nil {
-		return err
-	}
-	return k.toEnd(msg, second)
-}
-
-// duplicateAfter delivers msg to its end, then a second copy.
-func duplicateAfter(k *crashRun, msg amqp.Publishing) error {
-	for i := range 2 {
-		a, err := k.runner.attempt(k.tb, msg, attemptOpts{})
-		if err != nil {
-			return err
-		}
-		if i == 0 && a.TraceID != "" {
-			k.row.TraceIDs = append(k.row.TraceIDs, a.TraceID)
-		}
-		if err := k.toEnd(msg, a); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// leaseExpired holds the first copy's handler, without a heartbeat, until
-// its lease expired and a redelivery took the key over and entered its
-// handler; then the first goes on (its completion finds the lease lost),
-// and both run to their end.
-func leaseExpired(k *crashRun, msg amqp.Publishing) error {
-	first, err := k.pause(msg, true)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-first.held:
-	default: // the first copy ended without running its handler to its end
-		return first.finish(k, msg)
-	}
-	if err := k.leaseExpired(first.scope); err != nil {
-		first.finish(k, msg) //nolint:errcheck // the wait's error is the one to report
-		return err
-	}
-	entered := make(chan struct{})
-	var once sync.Once
-	second := make(chan attemptResult, 1)
-	go func() {
-		a, err := k.runner.attempt(k.tb, msg, attemptOpts{before: func(*consumer.Delivery) {
-			once.Do(func() { close(entered) })
-		}})
-		second <- attemptResult{a, err}
-	}()
-	// The first goes on once the second holds the key and runs (its
-	// handler may then wait for rows the first holds), or has ended.
-	var r attemptResult
-	select {
-	case <-entered:
-	case r = <-second:
-		second <- r
-	case <-time.After(crashWait):
-	}
-	a, err := first.end(k)
-	if err != nil {
-		return err
-	}
-	// The second ends first, as it would on a broker: the first's copy
-	// waits in its retry tier.
-	r = <-second
-	if r.err != nil {
-		return r.err
-	}
-	if err := k.toEnd(msg, r.a); err != nil {
-		return err
-	}
-	return k.toEnd(msg, a)
 }

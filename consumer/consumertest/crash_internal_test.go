@@ -2,8 +2,7 @@ package consumertest
 
 import (
 	"context"
-	"fmt"
-	"slices"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -15,127 +14,173 @@ import (
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
+	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
-// TestCrashIsACrash: at each stage, a crash does to the attempt what a
-// process that dies does: its open transactions are abandoned (their
-// backends end, nothing they wrote commits), nothing is acked or
-// published, no outcome is reported, and the lease is neither released nor
-// extended: it expires as it stood.
+// TestCrashIsACrash: in every mode, at each stage, a crash does to the
+// worker what a process that dies does: its broker connection drops and
+// the broker requeues both deliveries (none was acked, no copy published),
+// the transactions it held open are abandoned (their backends end, nothing
+// they wrote commits, a reservation in the group's transaction included),
+// no outcome is reported, and the lease is neither released nor extended:
+// it expires as it stood.
 func TestCrashIsACrash(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t, 8)
-	for _, tc := range []struct {
-		stage kit.Stage
-		step  string
-		// committed: the effects that committed before the crash.
-		committed []string
-		completed bool
-	}{
-		{stage: kit.StageAfterReserve},
-		{stage: kit.StageInStep, step: "charge"},
-		{stage: kit.StageAfterStep, step: "charge", committed: []string{"step"}},
-		{stage: kit.StageBeforeCommit, committed: []string{"step"}},
-		{stage: kit.StageAfterCommit, committed: []string{"step", "handler"}, completed: true},
-	} {
-		t.Run(fmt.Sprint(tc.stage, tc.step), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			store := deduptest.Store(t, pool, nil)
-			effects := pgx.Identifier{store.Config().Schema, "effects"}.Sanitize()
-			if _, err := pool.Exec(ctx, "CREATE TABLE "+effects+" (what text)"); err != nil {
-				t.Fatal(err)
-			}
-			var (
-				mu   sync.Mutex
-				pids []uint32
-			)
-			backend := func(tx pgx.Tx) {
-				mu.Lock()
-				defer mu.Unlock()
-				pids = append(pids, tx.Conn().PgConn().PID())
-			}
-			h := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-				backend(tx)
-				err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
-					backend(tx)
-					_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ('step')")
-					return err
-				})
-				if err != nil {
+	pool := testdb.Pool(t, 16)
+	for _, mode := range Modes() {
+		for _, tc := range []struct {
+			stage kit.Stage
+			step  string
+			// steps and handlers: the effects that committed before the
+			// crash, alone (ModeSingle: the first delivery ran) and in a
+			// group (both ran before the group's commit).
+			steps, handlers, groupSteps, groupHandlers int
+			// open: the transactions open at the crash, the step's and the
+			// handler's.
+			stepOpen, handlerOpen bool
+			completed             bool
+		}{
+			{stage: kit.StageAfterReserve},
+			{stage: kit.StageInStep, step: "charge", stepOpen: true, handlerOpen: true},
+			{stage: kit.StageAfterStep, step: "charge", steps: 1, groupSteps: 1, handlerOpen: true},
+			{stage: kit.StageBeforeCommit, steps: 1, groupSteps: 2, handlerOpen: true},
+			{stage: kit.StageAfterCommit, steps: 1, handlers: 1, groupSteps: 2, groupHandlers: 2, completed: true},
+		} {
+			names := map[kit.Stage]string{kit.StageAfterReserve: "after-reserve", kit.StageInStep: "in-step", kit.StageAfterStep: "after-step",
+				kit.StageBeforeCommit: "before-commit", kit.StageAfterCommit: "after-commit"}
+			t.Run(string(mode)+"/"+names[tc.stage], func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				store := deduptest.Store(t, pool, nil)
+				effects := pgx.Identifier{store.Config().Schema, "effects"}.Sanitize()
+				if _, err := pool.Exec(ctx, "CREATE TABLE "+effects+" (what text)"); err != nil {
+					t.Fatal(err)
+				}
+				var (
+					mu                    sync.Mutex
+					stepPIDs, handlerPIDs []uint32
+				)
+				backend := func(pids *[]uint32, tx pgx.Tx) {
+					mu.Lock()
+					defer mu.Unlock()
+					*pids = append(*pids, tx.Conn().PgConn().PID())
+				}
+				h := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+					backend(&handlerPIDs, tx)
+					err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
+						backend(&stepPIDs, tx)
+						_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ('step')")
+						return err
+					})
+					if err != nil {
+						return consumer.Response{}, err
+					}
+					_, err = tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ('handler')")
 					return consumer.Response{}, err
 				}
-				_, err = tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ('handler')")
-				return consumer.Response{}, err
-			}
-			const lease = 3 * time.Second
-			r := NewRunner(store, h, &consumer.Config{Lease: lease})
-			var stages []kit.Stage
-			at := func(_ context.Context, stage kit.Stage, step string) bool {
-				stages = append(stages, stage)
-				return stage == tc.stage && step == tc.step
-			}
-			a, err := r.attempt(t, amqp.Publishing{MessageId: "order-1", Body: []byte("{}")}, attemptOpts{at: at})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !a.run.Crashed || a.run.Stage != tc.stage || stages[len(stages)-1] != tc.stage {
-				t.Fatalf("crashed %v at %v, want %v (stages %v)", a.run.Crashed, a.run.Stage, tc.stage, stages)
-			}
-			if a.Acked || a.Requeued || len(a.run.Published) > 0 || a.Outcome != "" {
-				t.Fatalf("acked %v, requeued %v, published %d, outcome %q", a.Acked, a.Requeued, len(a.run.Published), a.Outcome)
-			}
-			rec := a.Record
-			switch {
-			case rec == nil:
-				t.Fatal("no key row")
-			case tc.completed && rec.State != dedup.StateCompleted:
-				t.Fatalf("state %s, want completed", rec.State)
-			case !tc.completed && (rec.State != dedup.StateInProgress || !rec.LeaseValid || rec.Released):
-				t.Fatalf("state %s, lease valid %v, released %v: want a held lease", rec.State, rec.LeaseValid, rec.Released)
-			}
-			// The abandoned transactions' backends end: Postgres saw their
-			// connections close and rolled them back.
-			mu.Lock()
-			open := slices.Clone(pids)
-			mu.Unlock()
-			if tc.stage == kit.StageAfterStep || tc.stage == kit.StageBeforeCommit {
-				open = open[:1] // the step's transaction committed
-			} else if tc.stage == kit.StageAfterCommit {
-				open = nil
-			}
-			WaitFor(t, 30*time.Second, "the abandoned backends to end", func() bool {
-				var n int
-				err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", open).Scan(&n)
-				return err == nil && n == 0
-			})
-			rows, err := pool.Query(ctx, "SELECT what FROM "+effects+" ORDER BY what DESC")
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !slices.Equal(got, tc.committed) {
-				t.Fatalf("committed %q, want %q", got, tc.committed)
-			}
-			if tc.completed {
-				return
-			}
-			// Nothing extends or releases the lease: it expires at the time
-			// it had when the attempt crashed.
-			WaitFor(t, lease+30*time.Second, "the lease to expire", func() bool {
-				now, err := store.Inspect(ctx, rec.Scope)
+				const lease = 3 * time.Second
+				subject := Subject{Store: store, Handler: h, Mode: mode, Check: func(context.Context) error { return nil },
+					Config: &consumer.Config{URL: testamqp.URL(), Lease: lease}}
+				msgs := []amqp.Publishing{{MessageId: "order-1", Body: []byte("{}")}, {MessageId: "order-2", Body: []byte("{}")}}
+				k, err := newPointRun(t, subject, msgs, crashPoint{name: "test", stage: tc.stage, step: tc.step})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !now.LockedUntil.Equal(*rec.LockedUntil) || now.Released {
-					t.Fatalf("locked until %v, released %v: was %v", now.LockedUntil, now.Released, rec.LockedUntil)
+				if err := k.open(); err != nil {
+					t.Fatal(err)
 				}
-				return !now.LeaseValid
+				defer k.close()
+				if err := k.publishAll(); err != nil {
+					t.Fatal(err)
+				}
+				w, err := k.start(workerOpts{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-w.dead:
+				case <-w.ended:
+					select {
+					case <-w.dead: // it crashed, and its Run returned since
+					default:
+						t.Fatalf("the worker stopped: %v", w.err)
+					}
+				case <-time.After(crashWait):
+					w.stop() //nolint:errcheck
+					t.Fatal("no crash")
+				}
+				if err := w.stop(); err != nil {
+					t.Fatalf("the crashed worker's Run: %v", err)
+				}
+				k.mu.Lock()
+				outcomes, row := k.outcomes, k.row
+				k.mu.Unlock()
+				if outcomes != 0 || !row.Reached || len(row.TraceIDs) == 0 {
+					t.Fatalf("%d outcomes reported, reached %v, traces %q", outcomes, row.Reached, row.TraceIDs)
+				}
+				// The broker got no ack and no copy: both deliveries are back.
+				WaitFor(t, 30*time.Second, "both deliveries back in the queue", func() bool {
+					n, err := k.queued()
+					return err == nil && n == len(msgs)
+				})
+				// The abandoned transactions' backends end: Postgres saw their
+				// connections close and rolled them back.
+				mu.Lock()
+				var open []uint32
+				if tc.stepOpen {
+					open = append(open, stepPIDs[len(stepPIDs)-1])
+				}
+				if tc.handlerOpen {
+					open = append(open, handlerPIDs[len(handlerPIDs)-1])
+				}
+				mu.Unlock()
+				WaitFor(t, 30*time.Second, "the abandoned backends to end", func() bool {
+					var n int
+					err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", open).Scan(&n)
+					return err == nil && n == 0
+				})
+				var steps, handlers int
+				err = pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE what = 'step'), count(*) FILTER (WHERE what = 'handler') FROM "+effects).Scan(&steps, &handlers)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantSteps, wantHandlers := tc.steps, tc.handlers
+				if mode != ModeSingle {
+					wantSteps, wantHandlers = tc.groupSteps, tc.groupHandlers
+				}
+				if steps != wantSteps || handlers != wantHandlers {
+					t.Fatalf("committed %d steps and %d handlers, want %d and %d", steps, handlers, wantSteps, wantHandlers)
+				}
+				rec, err := store.Inspect(ctx, dedup.Scope{Consumer: DefaultName, Key: "order-1"})
+				switch {
+				case errors.Is(err, dedup.ErrNotFound) && tc.stage == kit.StageAfterReserve && (mode == ModeOptimistic || mode == ModeBatch):
+					// These modes reserve a group's keys in its transaction
+					// (until a handler runs a step): the reservation died with it.
+					return
+				case err != nil:
+					t.Fatal(err)
+				case tc.completed:
+					if rec.State != dedup.StateCompleted {
+						t.Fatalf("state %s, want completed", rec.State)
+					}
+					return
+				case rec.State != dedup.StateInProgress || !rec.LeaseValid || rec.Released:
+					t.Fatalf("state %s, lease valid %v, released %v: want a held lease", rec.State, rec.LeaseValid, rec.Released)
+				}
+				// Nothing extends or releases the lease: it expires at the time
+				// it had when the worker died.
+				WaitFor(t, lease+30*time.Second, "the lease to expire", func() bool {
+					now, err := store.Inspect(ctx, rec.Scope)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !now.LockedUntil.Equal(*rec.LockedUntil) || now.Released {
+						t.Fatalf("locked until %v, released %v: was %v", now.LockedUntil, now.Released, rec.LockedUntil)
+					}
+					return !now.LeaseValid
+				})
 			})
-		})
+		}
 	}
 }

@@ -3,7 +3,6 @@ package consumertest_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,10 +14,10 @@ import (
 
 // receiptSetup is crashSetup for chargeWithReceipt, each Subject with a
 // receipts queue of its own, checked downstream by check.
-func receiptSetup(t *testing.T, check func(msgs []amqp.Delivery) error) func(testing.TB) consumertest.Subject {
+func receiptSetup(t *testing.T, mode consumertest.Mode, check func(msgs []amqp.Delivery) error) func(testing.TB) consumertest.Subject {
 	ch := testamqp.Channel(t, testamqp.Dial(t))
 	var queue string
-	return crashSetup(t, func(w *crashWorld) consumer.Handler {
+	return crashSetup(t, mode, func(w *crashWorld) consumer.Handler {
 		queue = testamqp.Name(t, "crash-receipts")
 		testamqp.DeleteQueuesAtCleanup(t, []string{queue}, nil)
 		if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
@@ -59,32 +58,29 @@ func appliedOnce(key func(amqp.Delivery) string) func(msgs []amqp.Delivery) erro
 // delivers each receipt once.
 func TestCrashRelayBeforeMark(t *testing.T) {
 	t.Parallel()
-	rep := consumertest.CrashPoints(t, receiptSetup(t, appliedOnce(func(amqp.Delivery) string { return "" })), crashMessages()...)
-	wantFailed(t, rep, "receipt of order-1 applied 2 times", consumertest.PointRelayBeforeMark)
-	if row := rep.Row(consumertest.PointOutboxCommitted); row == nil || !row.Reached {
-		t.Fatalf("%s: not run or not reached", consumertest.PointOutboxCommitted)
-	}
+	forEachMode(t, func(t *testing.T, mode consumertest.Mode) {
+		rep := consumertest.CrashPoints(t, receiptSetup(t, mode, appliedOnce(func(amqp.Delivery) string { return "" })), crashMessages()...)
+		wantFailed(t, rep, map[string]string{consumertest.PointRelayBeforeMark: "receipt of order-1 applied 2 times"})
+		if row := rep.Row(consumertest.PointOutboxCommitted); row == nil || !row.Reached {
+			t.Fatalf("%s: not run or not reached", consumertest.PointOutboxCommitted)
+		}
+	})
 }
 
 // TestCrashRelayPassesADownstreamThatDedups: the same receipts, applied
 // once per message_id (the relay's copies share it), pass at every point.
 func TestCrashRelayPassesADownstreamThatDedups(t *testing.T) {
 	t.Parallel()
-	rep := consumertest.CrashPoints(t, receiptSetup(t, appliedOnce(func(m amqp.Delivery) string { return m.MessageId })), crashMessages()...)
-	wantFailed(t, rep, "")
-	want := []string{
-		consumertest.PointNone, consumertest.PointAfterReserve,
-		consumertest.PointInStep("charge"), consumertest.PointAfterStep("charge"),
-		consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
-		consumertest.PointOutboxCommitted, consumertest.PointRelayBeforeMark,
-		consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
-	}
-	if got := rowNames(rep); !slices.Equal(got, want) {
-		t.Fatalf("points %q, want %q", got, want)
-	}
-	for _, row := range rep.Rows {
-		if !row.Reached {
-			t.Errorf("%s: not reached", row.Point)
+	forEachMode(t, func(t *testing.T, mode consumertest.Mode) {
+		rep := consumertest.CrashPoints(t, receiptSetup(t, mode, appliedOnce(func(m amqp.Delivery) string { return m.MessageId })), crashMessages()...)
+		wantFailed(t, rep, nil)
+		want := []string{
+			consumertest.PointNone, consumertest.PointAfterReserve,
+			consumertest.PointInStep("charge"), consumertest.PointAfterStep("charge"),
+			consumertest.PointBeforeCommit, consumertest.PointAfterCommit,
+			consumertest.PointOutboxCommitted, consumertest.PointRelayBeforeMark,
+			consumertest.ScenarioDuplicateDuring, consumertest.ScenarioDuplicateAfter, consumertest.ScenarioLeaseExpired,
 		}
-	}
+		wantRows(t, rep, want)
+	})
 }

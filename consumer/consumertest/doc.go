@@ -1,6 +1,7 @@
 // Package consumertest tests code built on package consumer: handlers run
 // through the runtime's own pipeline against a real Postgres, without a
-// broker.
+// broker (RunHandler), or by real consumers against a real RabbitMQ too,
+// crashed at every point a process can die (CrashPoints).
 //
 // # Running a handler
 //
@@ -30,15 +31,21 @@
 // # Crash points
 //
 // CrashPoints runs deliveries through a handler once per crash point, on a
-// fresh Subject each time (store, handler, check), and crashes the first
-// attempt of each delivery there as a process that dies does: its open
-// transactions abandoned, nothing acked, the lease left to expire. Then the
-// delivery comes again, as the broker redelivers it, runs to its end, and
-// the Subject's Check says whether the end state is right. The points:
-// after the reservation, inside and after each Step, after the handler
-// before COMMIT, after COMMIT before the ack; and the scenarios of a
-// duplicate copy during and after the first and of a lease that expires
-// under a slow handler. The CrashReport has one row per point.
+// fresh Subject each time (store, handler, check), with real consumers of a
+// real RabbitMQ queue of the point's own: the deliveries are published to
+// it, and the worker that holds a delivery when it reaches the point dies
+// there as a process does: its broker connection drops (the broker
+// requeues what it had not acked), its open transactions are abandoned,
+// its leases are left to expire. A new worker consumes what the broker
+// redelivers and takes the keys over once their leases expired; when every
+// delivery ended, the Subject's Check says whether the end state is right.
+// The points: after the reservation, inside and after each Step, after the
+// handler before COMMIT, after COMMIT before the ack, and (with a
+// Downstream) the outbox's two; and the scenarios of a duplicate copy
+// during and after the first and of a lease that expires under a slow
+// handler. Each runs in one of the consumer's modes (single, group,
+// optimistic, batch: Subject.Mode, Modes). The CrashReport has one row per
+// point, with the traces of the attempts that crashed.
 //
 //	rep := consumertest.CrashPoints(t, setup, msgs...)
 //	if err := rep.Err(); err != nil {

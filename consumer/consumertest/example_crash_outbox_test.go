@@ -60,7 +60,12 @@ func receiptsApplied(msgs []amqp.Delivery, dedupByID bool) error {
 // deduplicates by message_id passes every point.
 func ExampleCrashPoints_downstream() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	pcfg, err := pgxpool.ParseConfig(cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	pcfg.MaxConns = 64 // room for the points to run at once
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -112,12 +117,16 @@ func ExampleCrashPoints_downstream() {
 			}
 			return consumertest.Subject{
 				Store: store, Handler: chargeWithReceipt(s, name), Check: s.check("order-1001"),
-				Downstream: &consumertest.Downstream{URL: amqpURL, Queue: name,
+				Config: &consumer.Config{URL: amqpURL},
+				Downstream: &consumertest.Downstream{Queue: name,
 					Check: func(_ context.Context, msgs []amqp.Delivery) error { return receiptsApplied(msgs, dedupByID) }},
 			}
 		}
 	}
-	msg := amqp.Publishing{MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`)}
+	msg := amqp.Publishing{
+		MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`),
+		Headers: amqp.Table{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}
 	t := &testing.T{} // in a test, the test's own
 
 	byCount := consumertest.CrashPoints(t, setup(false), msg)
@@ -126,9 +135,36 @@ func ExampleCrashPoints_downstream() {
 			fmt.Println("applied by count: caught", row.Point+":", row.Err)
 		}
 	}
+	fmt.Println(byCount)
 	byID := consumertest.CrashPoints(t, setup(true), msg)
-	fmt.Println("deduplicated by message_id: every point passed:", !byID.Failed())
+	fmt.Println("\ndeduplicated by message_id: every point passed:", !byID.Failed())
+	fmt.Println(byID)
 	// Output:
 	// applied by count: caught after the relay publishes, before it marks the row: receipt applied 2 times
+	// point                                                    result                           trace
+	// no crash                                                 passed                           -
+	// after the reservation                                    passed                           0af7651916cd43dd8448eb211c80319c
+	// in step charge, before its commit                        passed                           0af7651916cd43dd8448eb211c80319c
+	// after step charge commits                                passed                           0af7651916cd43dd8448eb211c80319c
+	// after the handler, before COMMIT                         passed                           0af7651916cd43dd8448eb211c80319c
+	// after COMMIT, before the ack                             passed                           0af7651916cd43dd8448eb211c80319c
+	// after an outbox row commits, before the relay publishes  passed                           0af7651916cd43dd8448eb211c80319c
+	// after the relay publishes, before it marks the row       FAILED: receipt applied 2 times  0af7651916cd43dd8448eb211c80319c
+	// a second copy during the first                           passed                           0af7651916cd43dd8448eb211c80319c
+	// a second copy after the first                            passed                           0af7651916cd43dd8448eb211c80319c
+	// the lease expires under a slow handler                   passed                           0af7651916cd43dd8448eb211c80319c
+	//
 	// deduplicated by message_id: every point passed: true
+	// point                                                    result  trace
+	// no crash                                                 passed  -
+	// after the reservation                                    passed  0af7651916cd43dd8448eb211c80319c
+	// in step charge, before its commit                        passed  0af7651916cd43dd8448eb211c80319c
+	// after step charge commits                                passed  0af7651916cd43dd8448eb211c80319c
+	// after the handler, before COMMIT                         passed  0af7651916cd43dd8448eb211c80319c
+	// after COMMIT, before the ack                             passed  0af7651916cd43dd8448eb211c80319c
+	// after an outbox row commits, before the relay publishes  passed  0af7651916cd43dd8448eb211c80319c
+	// after the relay publishes, before it marks the row       passed  0af7651916cd43dd8448eb211c80319c
+	// a second copy during the first                           passed  0af7651916cd43dd8448eb211c80319c
+	// a second copy after the first                            passed  0af7651916cd43dd8448eb211c80319c
+	// the lease expires under a slow handler                   passed  0af7651916cd43dd8448eb211c80319c
 }

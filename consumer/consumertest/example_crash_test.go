@@ -138,20 +138,28 @@ func chargeWrong(s *shop) consumer.Handler {
 	}
 }
 
-// The card charge under every crash point. Done right (a Step, and
-// DerivedKey as the processor's idempotency key) it passes at every point.
-// Done without them, the crash after the charge, before COMMIT, is caught:
-// the redelivery charges the card again. (So is a handler slow enough to
-// lose its lease: the redelivery that takes the key over charges again.)
+// The card charge under every crash point, through a real consumer of a
+// real RabbitMQ queue. Done right (a Step, and DerivedKey as the
+// processor's idempotency key) it passes at every point. Done without
+// them, the crash after the charge, before COMMIT, is caught: the broker
+// redelivers, the redelivery takes the key over once the dead worker's
+// lease expired, and charges the card again. (So is a handler slow enough
+// to lose its lease: the copy that takes the key over charges again.)
 func ExampleCrashPoints() {
 	ctx := context.Background()
 	// In a test: the test's pool, deduptest.Store(t, pool, nil) in setup,
 	// and the test's t.
-	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	pcfg, err := pgxpool.ParseConfig(cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	pcfg.MaxConns = 64 // room for the points to run at once
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	amqpURL := cmp.Or(os.Getenv("IDEMQ_TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
 	t := &testing.T{} // in a test, the test's own
 
 	// A prefix of its own, so that two runs on one database do not meet.
@@ -173,7 +181,12 @@ func ExampleCrashPoints() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			return consumertest.Subject{Store: store, Handler: handler(s), Check: s.check("order-1001")}
+			return consumertest.Subject{
+				Store: store, Handler: handler(s), Check: s.check("order-1001"),
+				// The consumer's configuration: the broker, and whatever the
+				// production consumer sets (its mode: the default, groups).
+				Config: &consumer.Config{URL: amqpURL},
+			}
 		}
 	}
 	defer func() {
@@ -181,37 +194,45 @@ func ExampleCrashPoints() {
 			pool.Exec(ctx, "DROP SCHEMA "+prefix+strconv.Itoa(i)+" CASCADE") //nolint:errcheck
 		}
 	}()
-	msg := amqp.Publishing{MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`)}
+	// The publisher's trace travels with the message: the report names
+	// each crashed attempt by it.
+	msg := amqp.Publishing{
+		MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`),
+		Headers: amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+	}
 
 	right := consumertest.CrashPoints(t, setup(chargeRight), msg)
-	fmt.Println("Step and DerivedKey: every point passed:", !right.Failed())
+	fmt.Printf("Step and DerivedKey, mode %s: every point passed: %v\n", right.Mode, !right.Failed())
 	fmt.Println(right)
 
 	wrong := consumertest.CrashPoints(t, setup(chargeWrong), msg)
-	if row := wrong.Row(consumertest.PointBeforeCommit); row.Err != nil {
-		fmt.Println("\nwithout them: caught", row.Point+":", row.Err)
+	// The test's assertion: the crash after the charge, before COMMIT,
+	// charged twice.
+	if row := wrong.Row(consumertest.PointBeforeCommit); row.Err == nil || row.Err.Error() != "order-1001 charged twice" {
+		log.Fatalf("the wrong handler was not caught: %v", row.Err)
 	}
+	fmt.Println("\nwithout them: caught", consumertest.PointBeforeCommit+":", wrong.Row(consumertest.PointBeforeCommit).Err)
 	fmt.Println(wrong)
 	// Output:
-	// Step and DerivedKey: every point passed: true
-	// point                                   result
-	// no crash                                passed
-	// after the reservation                   passed
-	// in step charge, before its commit       passed
-	// after step charge commits               passed
-	// after the handler, before COMMIT        passed
-	// after COMMIT, before the ack            passed
-	// a second copy during the first          passed
-	// a second copy after the first           passed
-	// the lease expires under a slow handler  passed
+	// Step and DerivedKey, mode group: every point passed: true
+	// point                                   result  trace
+	// no crash                                passed  -
+	// after the reservation                   passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// in step charge, before its commit       passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// after step charge commits               passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// after the handler, before COMMIT        passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// after COMMIT, before the ack            passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// a second copy during the first          passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// a second copy after the first           passed  4bf92f3577b34da6a3ce929d0e0e4736
+	// the lease expires under a slow handler  passed  4bf92f3577b34da6a3ce929d0e0e4736
 	//
 	// without them: caught after the handler, before COMMIT: order-1001 charged twice
-	// point                                   result
-	// no crash                                passed
-	// after the reservation                   passed
-	// after the handler, before COMMIT        FAILED: order-1001 charged twice
-	// after COMMIT, before the ack            passed
-	// a second copy during the first          passed
-	// a second copy after the first           passed
-	// the lease expires under a slow handler  FAILED: order-1001 charged twice
+	// point                                   result                            trace
+	// no crash                                passed                            -
+	// after the reservation                   passed                            4bf92f3577b34da6a3ce929d0e0e4736
+	// after the handler, before COMMIT        FAILED: order-1001 charged twice  4bf92f3577b34da6a3ce929d0e0e4736
+	// after COMMIT, before the ack            passed                            4bf92f3577b34da6a3ce929d0e0e4736
+	// a second copy during the first          passed                            4bf92f3577b34da6a3ce929d0e0e4736
+	// a second copy after the first           passed                            4bf92f3577b34da6a3ce929d0e0e4736
+	// the lease expires under a slow handler  FAILED: order-1001 charged twice  4bf92f3577b34da6a3ce929d0e0e4736
 }

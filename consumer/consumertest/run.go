@@ -125,33 +125,15 @@ type Publication struct {
 // schema that is not migrated); whatever the handler does is in the Result.
 func (r *Runner) Run(tb testing.TB, msg amqp.Publishing) *Result {
 	tb.Helper()
-	a, err := r.attempt(tb, msg, attemptOpts{})
+	res, err := r.run(tb, msg)
 	if err != nil {
 		tb.Fatalf("consumertest: %v", err)
 	}
-	return a.Result
+	return res
 }
 
-// attemptOpts are what a crash test adds to one delivery (crash.go).
-type attemptOpts struct {
-	// at is the pipeline's crash hook (nil: none).
-	at kit.Hook
-	// before and after run on the handler's goroutine before the handler
-	// and once it returned, before the key's completion (nil: nothing).
-	before, after func(d *consumer.Delivery)
-	// noHeartbeat: the lease is not extended while the handler runs.
-	noHeartbeat bool
-}
-
-// attempted is one delivery's Result and what the pipeline did with it.
-type attempted struct {
-	*Result
-	run kit.Run
-}
-
-// attempt delivers msg once with opts; its error says why it could not
-// run. It never fails tb, so that it may run on any goroutine.
-func (r *Runner) attempt(tb testing.TB, msg amqp.Publishing, opts attemptOpts) (attempted, error) {
+// run delivers msg once; its error says why it could not run.
+func (r *Runner) run(tb testing.TB, msg amqp.Publishing) (*Result, error) {
 	ctx := context.Background()
 	var (
 		called    atomic.Bool
@@ -161,26 +143,17 @@ func (r *Runner) attempt(tb testing.TB, msg amqp.Publishing, opts attemptOpts) (
 	)
 	h := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		called.Store(true)
-		if opts.before != nil {
-			opts.before(d)
-		}
 		resp, err := r.handler(ctx, tx, d)
 		if rej := (*consumer.RejectError)(nil); errors.As(err, &rej) {
 			mu.Lock()
 			rejection = rej
 			mu.Unlock()
 		}
-		if opts.after != nil {
-			opts.after(d)
-		}
 		return resp, err
 	}
 	cfg := r.cfg
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{tb}, nil))
-	}
-	if opts.noHeartbeat {
-		cfg.Testing.DisableHeartbeat = true
 	}
 	onOutcome := cfg.OnOutcome
 	cfg.OnOutcome = func(e consumer.Event) {
@@ -193,11 +166,11 @@ func (r *Runner) attempt(tb testing.TB, msg amqp.Publishing, opts attemptOpts) (
 	}
 	c, err := consumer.New(r.store, h, &cfg)
 	if err != nil {
-		return attempted{}, err
+		return nil, err
 	}
-	run, err := kit.Process(ctx, c, delivery(msg, cfg.Queue), opts.at)
+	run, err := kit.Process(ctx, c, delivery(msg, cfg.Queue))
 	if err != nil {
-		return attempted{}, err
+		return nil, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -215,7 +188,7 @@ func (r *Runner) attempt(tb testing.TB, msg amqp.Publishing, opts attemptOpts) (
 		switch {
 		case errors.Is(err, dedup.ErrNotFound):
 		case err != nil:
-			return attempted{}, fmt.Errorf("inspect the key: %w", err)
+			return nil, fmt.Errorf("inspect the key: %w", err)
 		default:
 			res.Record = rec
 		}
@@ -226,7 +199,7 @@ func (r *Runner) attempt(tb testing.TB, msg amqp.Publishing, opts attemptOpts) (
 			res.Response = consumer.Response{Code: res.Record.Result.Code, Body: res.Record.Result.Response}
 		}
 	}
-	return attempted{Result: res, run: run}, nil
+	return res, nil
 }
 
 // delivery is msg as the broker delivers it from queue, after a publish to
