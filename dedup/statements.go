@@ -9,6 +9,7 @@ type statements struct {
 	reserveBatch, inspectBatch, extendBatch, completeBatch  string
 	headerKeys                                              string
 	releaseBatch                                            string
+	stats                                                   string
 }
 
 func newStatements(schema string, durable bool) statements {
@@ -23,6 +24,7 @@ func newStatements(schema string, durable bool) statements {
 		async, from = "", ""
 	}
 	return statements{
+		stats: statsSQL(t),
 		// One statement decides the race: insert, or take over an expired
 		// lease of the same operation, or return nothing.
 		reserve: async + `INSERT INTO ` + t + ` AS k
