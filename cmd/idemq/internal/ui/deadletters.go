@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -54,13 +55,49 @@ func (s *Server) queueOf(w http.ResponseWriter, r *http.Request) (Queue, bool) {
 	return q, ok
 }
 
-// readLetters reads up to the configured number of q's dead letters.
+// readLetters reads up to the configured number of q's dead letters. The
+// letters a read holds are hidden from every other reader until the broker
+// has taken them back, which it does shortly after the read's channel
+// closes: so the UI's reads of one DLQ take turns, each waiting (briefly)
+// for the DLQ to hold its letters again before the next one starts.
 func (s *Server) readLetters(ctx context.Context, q Queue) (int, []dlq.Message, error) {
 	conn, err := s.amqpConn()
 	if err != nil {
 		return 0, nil, err
 	}
-	return dlq.Read(ctx, conn, q.Topology.DLQ, s.cfg.LetterLimit)
+	if j := s.jobs.runningFor(q.Topology.Queue); j != nil {
+		return 0, nil, fmt.Errorf("a replay of %s is running (job %s): its dead letters are listed once it ends", q.Topology.Queue, j.ID)
+	}
+	mu := s.readLock(q.Topology.DLQ)
+	mu.Lock()
+	defer mu.Unlock()
+	n, msgs, err := dlq.Read(ctx, conn, q.Topology.DLQ, s.cfg.LetterLimit)
+	if err != nil || len(msgs) == 0 {
+		return n, msgs, err
+	}
+	deadline := time.Now().Add(returnWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if st, err := dlq.Inspect(conn, q.Topology.DLQ); err != nil || st.Messages >= n {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // poll interval: the broker sends no event for it
+	}
+	return n, msgs, nil
+}
+
+// returnWait bounds the wait for the letters a read held to be back (fewer
+// come back when a consumer or a replay took some meanwhile).
+const returnWait = time.Second
+
+func (s *Server) readLock(queue string) *sync.Mutex {
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
+	mu := s.reads[queue]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		s.reads[queue] = mu
+	}
+	return mu
 }
 
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
@@ -90,6 +127,9 @@ func (s *Server) letterView(q Queue, m dlq.Message) letterView {
 	tenant, ok := wire.String(m.Headers[wire.HeaderTenant])
 	if !ok {
 		tenant, _ = wire.String(m.Headers[s.cfg.TenantHeader])
+	}
+	if m.OriginalExchange == "" && m.OriginalRoutingKey != "" {
+		m.OriginalExchange = "(default)"
 	}
 	v := letterView{
 		ID: m.ID, Tenant: tenant, Reason: m.Reason, ByBroker: m.ByBroker, FirstSeen: m.FirstSeen, Error: m.Error,
@@ -271,11 +311,13 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 			}
 			return false
 		}
-		what = fmt.Sprintf("%d chosen dead letters", len(want))
+		// Done once every chosen letter is replayed.
+		opts.Limit = len(want)
+		what = fmt.Sprintf("%d chosen dead letter(s)", len(want))
 	} else if reason != "" && count > 0 {
 		// At most as many as the operator saw and confirmed.
 		opts.Reason, opts.Limit = reason, count
-		what = fmt.Sprintf("up to %d dead letters with reason %s", count, reason)
+		what = fmt.Sprintf("up to %d dead letter(s) with reason %s", count, reason)
 	} else {
 		s.fail(w, r, http.StatusBadRequest, errors.New("nothing to replay"))
 		return
@@ -288,13 +330,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	j, err := s.jobs.start(q.Topology.Queue, what, func(ctx context.Context, j *job) error {
 		opts.Start = func(total int) {
 			j.mu.Lock()
-			j.total = total
-			if opts.Limit > 0 {
-				j.total = min(total, opts.Limit)
-			}
-			if opts.Select != nil {
-				j.total = min(total, len(r.PostForm["id"]))
-			}
+			j.total = total // the letters Replay reads at most
 			j.mu.Unlock()
 		}
 		opts.Progress = func(read, replayed int) {
@@ -302,6 +338,10 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 			j.read, j.replayed, j.skipped = read, replayed, read-replayed
 			j.mu.Unlock()
 		}
+		// The pages' reads would hide letters from the replay: they wait.
+		mu := s.readLock(q.Topology.DLQ)
+		mu.Lock()
+		defer mu.Unlock()
 		res, err := dlq.Replay(ctx, conn, opts)
 		j.mu.Lock()
 		j.read, j.replayed, j.skipped, j.interrupted = res.Read, res.Replayed, res.Skipped, res.Interrupted

@@ -86,7 +86,9 @@ func newEnv(t *testing.T, edit func(*ui.Config)) *env {
 	e.ch = testamqp.Channel(t, e.conn)
 	cfg := ui.Config{
 		Pool: pool, Schema: e.schema,
-		Dial:   func() (*amqp.Connection, error) { return amqp.DialConfig(testamqp.URL(), testamqp.Config("idemq-test-ui")) },
+		Dial: func() (*amqp.Connection, error) {
+			return amqp.DialConfig(testamqp.URL(), testamqp.Config("idemq-test-ui"))
+		},
 		Queues: []ui.Queue{{Topology: e.topo, Consumer: consumerName}},
 	}
 	if edit != nil {

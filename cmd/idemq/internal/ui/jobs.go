@@ -85,6 +85,13 @@ func (js *jobs) start(queue, what string, fn func(ctx context.Context, j *job) e
 	return j, nil
 }
 
+// runningFor returns the job running for queue, nil when none is.
+func (js *jobs) runningFor(queue string) *job {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	return js.running[queue]
+}
+
 func (js *jobs) get(id string) *job {
 	js.mu.Lock()
 	defer js.mu.Unlock()

@@ -106,7 +106,7 @@ func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 	}
 	v.DLQ = inspect(t.DLQ, 0)
 	if v.DLQ.Messages > 0 {
-		n, msgs, err := dlq.Read(ctx, conn, t.DLQ, s.cfg.LetterLimit)
+		n, msgs, err := s.readLetters(ctx, q)
 		if err != nil {
 			v.Err = errText(err)
 		}

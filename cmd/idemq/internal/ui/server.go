@@ -97,6 +97,9 @@ type Server struct {
 
 	jobs *jobs
 	ops  *onceTokens
+
+	readMu sync.Mutex
+	reads  map[string]*sync.Mutex // by DLQ: see readLetters
 }
 
 // New returns the server cfg describes.
@@ -110,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, consumer.DefaultKeyHeader)
 	cfg.TenantHeader = cmp.Or(cfg.TenantHeader, consumer.DefaultTenantHeader)
 	s := &Server{cfg: cfg, queues: map[string]Queue{}, log: cmp.Or(cfg.Logger, slog.Default()),
-		jobs: newJobs(), ops: newOnceTokens()}
+		jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
 	var err error
 	if s.store, err = dedup.NewStore(cfg.Pool, &dedup.Config{Schema: cfg.Schema, HashKeys: cfg.HashKeys}); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
