@@ -164,16 +164,26 @@ type letterDetailView struct {
 	Missing bool
 }
 
-func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
+// lettersFor reads the dead letters of the request's queue for a page that
+// needs them all (it renders the error page when it cannot).
+func (s *Server) lettersFor(w http.ResponseWriter, r *http.Request) (Queue, []dlq.Message, bool) {
 	q, ok := s.queueOf(w, r)
 	if !ok {
-		return
+		return q, nil, false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	_, msgs, err := s.readLetters(ctx, q)
 	if err != nil {
 		s.fail(w, r, http.StatusBadGateway, err)
+		return q, nil, false
+	}
+	return q, msgs, true
+}
+
+func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
+	q, msgs, ok := s.lettersFor(w, r)
+	if !ok {
 		return
 	}
 	id := r.FormValue("id")
@@ -233,15 +243,8 @@ type replayConfirmView struct {
 
 // replayConfirm shows what a replay will move, and the button that does it.
 func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
-	q, ok := s.queueOf(w, r)
+	q, msgs, ok := s.lettersFor(w, r)
 	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	defer cancel()
-	_, msgs, err := s.readLetters(ctx, q)
-	if err != nil {
-		s.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
 	v := replayConfirmView{Queue: q.Topology.Queue, Reason: r.PostForm.Get("reason"), Token: s.ops.issue()}
