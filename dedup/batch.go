@@ -109,7 +109,11 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		}
 		leases[i] = lease.Microseconds()
 	}
-	rows, err := q.Query(ctx, s.sql.reserveBatch,
+	stmt := s.sql.reserveBatch
+	if isTx(q) {
+		stmt = s.inTx.reserveBatchHeld
+	}
+	rows, err := q.Query(ctx, stmt,
 		consumers, tenants, keys, fps, tokens, leases, traceIDs, spanIDs)
 	if err != nil {
 		return nil, interpretError("reserve keys", err)
@@ -118,10 +122,12 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 	for rows.Next() {
 		var (
 			row      Scope
-			l        = &Lease{}
+			l        = &Lease{held: isTx(q)}
 			inserted bool
+			token    *[16]byte
+			until    *time.Time
 		)
-		if err := rows.Scan(&row.Consumer, &row.Tenant, &row.Key, &l.Token, &l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
+		if err := rows.Scan(&row.Consumer, &row.Tenant, &row.Key, &token, &l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
 			rows.Close()
 			return nil, interpretError("reserve keys", err)
 		}
@@ -130,7 +136,14 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 			rows.Close()
 			return nil, errors.New("reserve keys: the statement returned a key that was not claimed")
 		}
-		l.Scope, l.stored, l.TakenOver = claims[i].Scope, row.Key, !inserted
+		l.Scope, l.stored, l.TakenOver, l.Token = claims[i].Scope, row.Key, !inserted, tokens[i]
+		if until != nil {
+			l.LockedUntil = *until
+		}
+		if !l.held && (token == nil || *token != tokens[i]) {
+			rows.Close()
+			return nil, errors.New("reserve keys: the statement returned another lease token")
+		}
 		out[i] = Reservation{Decision: Acquired, Lease: l}
 		decided++
 	}
@@ -204,6 +217,9 @@ func (s *Store) inspectBatch(ctx context.Context, q querier, consumers, tenants,
 // transaction completing the key) is left as it is this time, neither
 // extended nor lost: waiting for the lock could deadlock with that transaction.
 func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duration) (lost []*Lease, err error) {
+	if anyHeld(leases) {
+		return nil, errHeld("extend leases")
+	}
 	if d <= 0 {
 		d = s.cfg.Lease
 	}
@@ -253,6 +269,9 @@ func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []str
 	if len(leases) == 0 {
 		return nil, nil
 	}
+	if anyHeld(leases) {
+		return nil, errHeld("release keys")
+	}
 	n := len(leases)
 	consumers, tenants, keys, tokens, why := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n), make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
@@ -291,17 +310,33 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 	if len(leases) != len(results) {
 		return nil, fmt.Errorf("complete keys: %d leases, %d results", len(leases), len(results))
 	}
-	n := len(leases)
+	var leased []int // the leases that are not held by tx
+	var held []int   // held ones whose result is not the presumed one
+	for i, l := range leases {
+		if err := checkOutcome(results[i]); err != nil {
+			return nil, err
+		}
+		switch {
+		case !l.held:
+			leased = append(leased, i)
+		case !presumed(results[i]):
+			held = append(held, i)
+		}
+	}
+	if err := s.completeHeldBatch(ctx, tx, leases, results, held); err != nil {
+		return nil, err
+	}
+	if len(leased) == 0 {
+		return nil, nil
+	}
+	n := len(leased)
 	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	tokens, codes, responses, reasons := make([][16]byte, n), make([]int32, n), make([][]byte, n), make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
-	for i, l := range leases {
-		r := results[i]
-		if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
-			return nil, fmt.Errorf("complete keys: unknown outcome %q", r.Outcome)
-		}
-		consumers[i], tenants[i], keys[i], tokens[i] = l.Consumer, l.Tenant, l.stored, l.Token
-		outcomes[i], codes[i], responses[i], reasons[i] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
+	for j, i := range leased {
+		l, r := leases[i], results[i]
+		consumers[j], tenants[j], keys[j], tokens[j] = l.Consumer, l.Tenant, l.stored, l.Token
+		outcomes[j], codes[j], responses[j], reasons[j] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
 		pending[l.Token] = l
 	}
 	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons)
@@ -319,10 +354,44 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 	if err := rows.Err(); err != nil {
 		return nil, interpretError("complete keys", err)
 	}
-	for _, l := range leases {
-		if _, ok := pending[l.Token]; ok {
-			lost = append(lost, l)
+	for _, i := range leased {
+		if _, ok := pending[leases[i].Token]; ok {
+			lost = append(lost, leases[i])
 		}
 	}
 	return lost, nil
+}
+
+// completeHeldBatch records the results (at idx) of leases held by tx that
+// differ from the presumed one, with one statement; the rows are tx's own.
+func (s *Store) completeHeldBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, results []Result, idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	n := len(idx)
+	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	codes, responses, reasons := make([]int32, n), make([][]byte, n), make([]*string, n)
+	for j, i := range idx {
+		l, r := leases[i], results[i]
+		consumers[j], tenants[j], keys[j] = l.Consumer, l.Tenant, l.stored
+		outcomes[j], codes[j], responses[j], reasons[j] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
+	}
+	tag, err := tx.Exec(ctx, s.sql.completeBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, outcomes, codes, responses, reasons)
+	if err != nil {
+		return interpretError("complete keys", err)
+	}
+	if int(tag.RowsAffected()) != n {
+		return fmt.Errorf("complete keys: %d of %d rows held by the transaction: %w", tag.RowsAffected(), n, ErrLeaseLost)
+	}
+	return nil
+}
+
+// anyHeld reports whether any of the leases is held by a transaction.
+func anyHeld(leases []*Lease) bool {
+	for _, l := range leases {
+		if l.held {
+			return true
+		}
+	}
+	return false
 }

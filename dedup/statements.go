@@ -10,6 +10,10 @@ type statements struct {
 	headerKeys                                              string
 	releaseBatch                                            string
 	stats                                                   string
+	// The statements of a lease held by the caller's transaction (see
+	// Store.ReserveTx): the reservation writes the row completed, the
+	// completion only records a result other than the presumed one.
+	reserveHeld, reserveBatchHeld, completeHeld, completeBatchHeld string
 }
 
 func newStatements(schema string, durable bool) statements {
@@ -23,7 +27,7 @@ func newStatements(schema string, durable bool) statements {
 	if durable {
 		async, from = "", ""
 	}
-	return statements{
+	st := statements{
 		stats: statsSQL(t),
 		// One statement decides the race: insert, or take over an expired
 		// lease of the same operation, or return nothing.
@@ -146,6 +150,37 @@ WHERE k.lease_token = c.token AND k.state = 'in_progress'
       AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 	}
+	st.reserveHeld, st.reserveBatchHeld = presumeCompleted(st.reserve), presumeCompleted(st.reserveBatch)
+	// A held row is the caller's transaction's own (it wrote the row, and
+	// holds its lock until it ends): no fencing token, no lock ordering.
+	st.completeHeld = `UPDATE ` + t + `
+SET outcome = $4, response_code = $5, response = $6, response_reason = $7
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND state = 'completed'`
+	st.completeBatchHeld = `UPDATE ` + t + ` AS k
+SET outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bytea[], $7::text[])
+    AS c(consumer, tenant, key, outcome, code, response, reason)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'`
+	return st
+}
+
+// presumeCompleted turns a reservation into one for the caller's
+// transaction that writes the row as it will be when the handler succeeds
+// with the default result (completed, ok, no response; no lease, since the
+// transaction's row lock is the lease): the key row is then written once
+// instead of twice. Nobody sees it before the transaction commits, and it
+// commits only with the completion (which records any other result).
+func presumeCompleted(reserve string) string {
+	return strings.NewReplacer(
+		"(consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id)",
+		"(consumer, tenant, key, state, fingerprint, lease_token, locked_until, attempts, trace_id, span_id, outcome, response_code, completed_at)",
+		"'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * interval '1 microsecond', 1, $7::text, $8::text",
+		"'completed', $4::bytea, NULLIF($5::uuid, $5::uuid), now() + NULLIF($6::bigint, $6::bigint) * interval '1 microsecond', 1, $7::text, $8::text, 'ok', 0, now()",
+		"'in_progress', c.fingerprint, c.token,\n       now() + c.lease * interval '1 microsecond', 1, c.trace_id, c.span_id",
+		"'completed', c.fingerprint, NULL::uuid,\n       NULL::timestamptz, 1, c.trace_id, c.span_id, 'ok', 0, now()",
+		"SET lease_token    = excluded.lease_token,\n        locked_until   = excluded.locked_until,",
+		"SET state = 'completed', outcome = 'ok', response_code = 0, response = NULL, response_reason = NULL, completed_at = now(),\n        lease_token    = NULL,\n        locked_until   = NULL,",
+	).Replace(reserve)
 }
 
 // fromClause is " FROM async" when the statement reads the async CTE.

@@ -12,6 +12,9 @@ import (
 // lease token, that step name is committed, with optional data for later
 // steps. Step is the usual way to call it.
 func (s *Store) Checkpoint(ctx context.Context, tx pgx.Tx, l *Lease, name string, data []byte) error {
+	if l.held {
+		return errHeld("checkpoint " + name)
+	}
 	tag, err := tx.Exec(ctx, s.sql.checkpoint, l.Consumer, l.Tenant, l.stored, l.Token, name, data)
 	if err != nil {
 		return interpretError("checkpoint "+name, err)
@@ -34,6 +37,10 @@ func (s *Store) Checkpoint(ctx context.Context, tx pgx.Tx, l *Lease, name string
 func (s *Store) Step(ctx context.Context, l *Lease, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if l.StepDone(name) {
 		return nil
+	}
+	if l.held {
+		// Its own transaction would wait for the row the caller's holds.
+		return errHeld("step " + name)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := fn(ctx, tx); err != nil {

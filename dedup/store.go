@@ -19,6 +19,10 @@ type Store struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	sql  statements
+	// inTx are the reservations that run in a caller's transaction: never
+	// asynchronous, whatever DurableReservations says, since a setting
+	// made in the caller's transaction would last until its COMMIT.
+	inTx statements
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
@@ -32,7 +36,8 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
-	return &Store{pool: pool, cfg: c, sql: newStatements(pgx.Identifier{c.Schema}.Sanitize(), c.DurableReservations)}, nil
+	schema := pgx.Identifier{c.Schema}.Sanitize()
+	return &Store{pool: pool, cfg: c, sql: newStatements(schema, c.DurableReservations), inTx: newStatements(schema, true)}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -144,7 +149,16 @@ type Lease struct {
 
 	// stored is the key as the table holds it (see Store.storedKey).
 	stored string
+	// held: reserved in the caller's transaction (ReserveTx), which holds
+	// the row, written completed, until it ends.
+	held bool
 }
+
+// HeldByTransaction reports that the lease was reserved inside a caller's
+// transaction (ReserveTx, ReserveBatchTx): that transaction's row lock is
+// the lease, so it has no expiry to extend, and it cannot be released (a
+// rollback gives it up) nor carry steps.
+func (l *Lease) HeldByTransaction() bool { return l.held }
 
 // Outcome is how a completed operation ended.
 type Outcome string
@@ -218,7 +232,12 @@ func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
 // ReserveTx is Reserve inside the caller's transaction: the new row (or
 // the takeover) is visible to others only once tx commits, and until then
 // its row lock makes any other reservation of the key wait for tx's end.
-// See ReserveBatchTx.
+// The row is written as it will be after a Complete with the default
+// result (completed, ok, no response), so that a successful operation
+// writes it once; Complete then records any other result. Commit only after
+// Complete, as always: a transaction that commits without it leaves the key
+// completed with the default result. The lease is HeldByTransaction: it
+// needs no heartbeat, and a rollback gives it up. See ReserveBatchTx.
 func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
 	return s.reserve(ctx, tx, c)
 }
@@ -240,13 +259,19 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 		if _, err := rand.Read(token[:]); err != nil {
 			return Reservation{}, fmt.Errorf("reserve key: token: %w", err)
 		}
-		l := &Lease{Scope: c.Scope, Token: token, stored: key}
-		var inserted bool
-		err := q.QueryRow(ctx, s.sql.reserve,
+		l := &Lease{Scope: c.Scope, Token: token, stored: key, held: isTx(q)}
+		var (
+			inserted bool
+			until    *time.Time
+		)
+		err := q.QueryRow(ctx, s.reserveStatement(q),
 			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
-		).Scan(&l.Attempts, &l.LockedUntil, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
+		).Scan(&l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
 		if err == nil {
 			l.TakenOver = !inserted
+			if until != nil {
+				l.LockedUntil = *until
+			}
 			return Reservation{Decision: Acquired, Lease: l}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -281,11 +306,26 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
+	if l.held {
+		if presumed(r) {
+			return nil // the reservation wrote this result already
+		}
+		tag, err := tx.Exec(ctx, s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason))
+		if err != nil {
+			return interpretError("complete key", err)
+		}
+		return completedOrLost(tag)
+	}
 	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
 	return completedOrLost(tag)
+}
+
+// presumed reports whether r is the result a held reservation writes.
+func presumed(r Result) bool {
+	return r.Outcome == OutcomeOK && r.Code == 0 && r.Response == nil && r.Reason == ""
 }
 
 // checkOutcome refuses a result that is neither ok nor rejected.
@@ -314,6 +354,12 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
+	if l.held {
+		if !presumed(r) {
+			b.Queue(s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason)).Exec(completedOrLost)
+		}
+		return nil
+	}
 	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason).Exec(completedOrLost)
 	return nil
 }
@@ -325,6 +371,9 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 // max_attempts_exceeded, retried), until it is taken over. Fenced: a lease
 // already lost gives ErrLeaseLost.
 func (s *Store) Release(ctx context.Context, l *Lease, reason string) error {
+	if l.held {
+		return errHeld("release key")
+	}
 	tag, err := s.pool.Exec(ctx, s.sql.release, l.Consumer, l.Tenant, l.stored, l.Token, nullable(reason))
 	if err != nil {
 		return interpretError("release key", err)
@@ -339,6 +388,9 @@ func (s *Store) Release(ctx context.Context, l *Lease, reason string) error {
 // duration (the store's, or d when positive) and updates l.LockedUntil.
 // Fenced: a lease already lost gives ErrLeaseLost.
 func (s *Store) Extend(ctx context.Context, l *Lease, d time.Duration) error {
+	if l.held {
+		return errHeld("extend lease")
+	}
 	if d <= 0 {
 		d = s.cfg.Lease
 	}
@@ -369,6 +421,26 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// isTx reports whether q is a caller's transaction rather than the pool.
+func isTx(q querier) bool {
+	_, ok := q.(pgx.Tx)
+	return ok
+}
+
+// reserveStatement is the single-key reservation for q: held by the
+// caller's transaction (durable, presumed completed), or autocommit.
+func (s *Store) reserveStatement(q querier) string {
+	if isTx(q) {
+		return s.inTx.reserveHeld
+	}
+	return s.sql.reserve
+}
+
+// errHeld refuses what a lease held by a transaction cannot do.
+func errHeld(what string) error {
+	return fmt.Errorf("%s: the lease is held by the transaction that reserved it (ReserveTx): it has no expiry to extend and is given up by a rollback", what)
 }
 
 // inspect reads the row of sc (its key raw).

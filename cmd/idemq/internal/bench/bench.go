@@ -18,6 +18,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
 	"syscall"
 	"text/tabwriter"
@@ -62,6 +64,9 @@ type Options struct {
 	RiverWorkers int
 	// NoPublish leaves out the publishing side (relay, forward).
 	NoPublish bool
+	// Only, when set, is a regular expression: only the rows whose name it
+	// matches run, with the bare rows of each table (the ratios' base).
+	Only string
 }
 
 func (o Options) withDefaults() Options {
@@ -180,6 +185,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		return nil, err
 	}
 	o := opts.withDefaults()
+	only, err := regexp.Compile(o.Only)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --only: %w", err)
+	}
 	pool, err := pgxpool.New(ctx, o.PostgresURL)
 	if err == nil {
 		err = pool.Ping(ctx)
@@ -237,6 +246,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	// both, so a machine that speeds up or slows down during the run
 	// does not tilt them.
 	scenarios = append(scenarios, scenario{name: "bare amqp091-go, again", mode: modeBare})
+	scenarios = slices.DeleteFunc(scenarios, func(sc scenario) bool { return sc.mode != modeBare && !only.MatchString(sc.name) })
 
 	start := time.Now()
 	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
@@ -254,7 +264,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 
 	var pubs []Result
 	if !o.NoPublish {
-		pubScenarios := publishScenarios()
+		pubScenarios := slices.DeleteFunc(publishScenarios(), func(sc scenario) bool { return !sc.bare && !only.MatchString(sc.name) })
 		fmt.Fprintf(out, "publishing side: %d messages of %d bytes per scenario, confirms on every publish\n", o.Messages, o.BodySize)
 		for _, sc := range pubScenarios {
 			r, err := b.runRow(ctx, out, sc, b.runPublishScenario)

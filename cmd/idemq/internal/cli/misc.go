@@ -156,6 +156,7 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
 	f.StringVar(&o.RiverDir, "river-dir", "bench/river", "module of the River peer (relative: as --benchref); empty leaves its row out")
 	f.IntVar(&o.RiverWorkers, "river-workers", 100, "River's MaxWorkers")
 	f.BoolVar(&o.NoPublish, "no-publish", false, "leave out the publishing side (relay, forward)")
+	f.StringVar(&o.Only, "only", "", "run only the rows whose name matches this regular expression (the bare rows, which the ratios need, always run)")
 	return cmd
 }
 
