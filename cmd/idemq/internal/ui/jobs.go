@@ -55,6 +55,9 @@ func newJobs() *jobs {
 	return &jobs{ctx: ctx, cancel: cancel, byID: map[string]*job{}, running: map[string]*job{}}
 }
 
+// jobsKept is how long a finished job's page stays.
+const jobsKept = 24 * time.Hour
+
 // errBusy means a replay of the queue is already running.
 var errBusy = errors.New("a replay of this queue is already running")
 
@@ -67,6 +70,11 @@ func (js *jobs) start(queue, what string, fn func(ctx context.Context, j *job) e
 	}
 	if js.ctx.Err() != nil {
 		return nil, errors.New("the UI is stopping")
+	}
+	for id, old := range js.byID {
+		if st := old.state(); st.Done && time.Since(st.Finished) > jobsKept {
+			delete(js.byID, id)
+		}
 	}
 	j := &job{ID: randomID(), Queue: queue, What: what, Started: time.Now()}
 	js.byID[j.ID], js.running[queue] = j, j

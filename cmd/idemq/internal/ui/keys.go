@@ -36,7 +36,8 @@ func (s *Server) keyLookup(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	code := http.StatusOK
-	if v.Consumer != "" || v.Key != "" {
+	// A link with only the consumer (the overview's) fills the form in.
+	if v.Key != "" || r.Method == http.MethodPost {
 		v.Looked = true
 		code = s.lookup(ctx, &v)
 	}

@@ -189,6 +189,11 @@ func TestKeyLookup(t *testing.T) {
 	p = e.get("/keys?consumer=payments&tenant=acme&key=order-8")
 	mustContain(t, p, "<b>in_progress</b>", "valid, locked until", "<td>charged</td>", "<td>acme</td>")
 
+	// The overview's link fills the consumer in, and looks nothing up.
+	p = e.get("/keys?consumer=payments")
+	mustContain(t, p, `name="consumer" value="payments"`)
+	mustNotContain(t, p, `class="error"`)
+
 	p = e.post("/keys", url.Values{"consumer": {consumerName}, "key": {"absent"}})
 	if p.code != http.StatusNotFound || !strings.Contains(p.body, "key not found") {
 		t.Fatalf("absent key: %d\n%s", p.code, p.body)
