@@ -28,6 +28,11 @@ func TestBlackHoledPostgres(t *testing.T) {
 		"savepoint": testdb.SimpleQuery("SAVEPOINT idemq_item_1"),
 		// The group's key completion (dedup.CompleteBatch), sent as text.
 		complete: []byte("SET state = 'completed', outcome = c.outcome"),
+		// A group that reserves its keys in its transaction begins it with
+		// a guard, reserves the keys in it, and completes nothing when the
+		// results are the presumed ones.
+		"held begin":   []byte("SET LOCAL idle_in_transaction_session_timeout"),
+		"held reserve": []byte("'completed', c.fingerprint"),
 	}
 	cases := []struct {
 		mode mode
@@ -35,8 +40,10 @@ func TestBlackHoledPostgres(t *testing.T) {
 	}{
 		{"single", commit},
 		{"group", begin}, {"group", "savepoint"}, {"group", commit},
-		{"optimistic", begin}, {"optimistic", complete}, {"optimistic", commit},
-		{"batch", begin}, {"batch", complete}, {"batch", commit},
+		{modeOptimistic, "held begin"}, {modeOptimistic, "held reserve"}, {modeOptimistic, commit},
+		{modeBatch, "held begin"}, {modeBatch, "held reserve"}, {modeBatch, commit},
+		{modeOptimisticSeparate, begin}, {modeOptimisticSeparate, complete}, {modeOptimisticSeparate, commit},
+		{modeBatchSeparate, begin}, {modeBatchSeparate, complete}, {modeBatchSeparate, commit},
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.mode)+"/"+tc.call, func(t *testing.T) {
@@ -50,7 +57,7 @@ func testBlackHoled(t *testing.T, m mode, trigger []byte) {
 	const n = 4
 	h := newHarness(t, m, func(c *consumer.Config) {
 		c.Concurrency = 1
-		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, m == modeOptimistic, time.Second
+		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, m.optimistic(), time.Second
 		if m == modeSingle {
 			c.GroupSize = 1
 		}

@@ -79,18 +79,27 @@ type Config struct {
 	// transactional writes count once): use it only for handlers whose
 	// effects all go through the transaction.
 	GroupOptimistic bool
-	// BatchReserveInTx makes a batch consumer (NewBatch) reserve a group's
-	// keys inside the group's own transaction: reservations, effects and
-	// completions commit with one COMMIT instead of two. The guarantees
-	// hold (no double effect, no lost message), but the protocol others see
-	// changes: a reservation is invisible until the commit, so a copy of a
-	// key being processed elsewhere waits for that commit (and is then a
-	// duplicate) instead of finding it busy, for at most StoreTimeout; no
-	// lease is extended (the row lock is the lease, and a worker that dies
-	// takes its reservations with it); Delivery.Step returns
-	// ErrStepInBatch. A batch that fails, or a group of one, runs the usual
-	// way. Off by default.
-	BatchReserveInTx bool
+	// SeparateReservations makes the whole-group modes (a BatchHandler,
+	// GroupOptimistic) reserve a group's keys the way per-message groups
+	// do: with a statement of their own that commits before the handlers
+	// run. By default those modes reserve the keys inside the group's own
+	// transaction instead, and each key row is written once (completed, with
+	// the presumed default result, see dedup.Store.ReserveBatchTx): one
+	// commit per group instead of two. The guarantees are the same (no
+	// double effect, no lost message); what others see differs: a
+	// reservation is invisible until the commit, so a copy of a key being
+	// processed elsewhere waits for that commit (and is then a duplicate)
+	// instead of finding it busy, for at most StoreTimeout; no lease is
+	// extended (the transaction's row lock is the lease, and a worker that
+	// dies or loses its connection takes its reservations with it: the
+	// group's transaction sets idle_in_transaction_session_timeout to
+	// HandlerTimeout + StoreTimeout, so a worker cut off from Postgres
+	// cannot hold them longer). A handler that calls Delivery.Step, which
+	// needs a lease others can see, makes the group run again with
+	// separate reservations, and every later group too; a group that fails
+	// runs again with separate reservations. A group of one always reserves
+	// separately.
+	SeparateReservations bool
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries
 	// up to the lowest one still in flight, and an ack held above a slow

@@ -57,9 +57,12 @@ type Consumer struct {
 	batchHandler BatchHandler
 	// strategy runs a group's handlers (isolated, optimistic or batch).
 	strategy strategy
-	// claimInTx: a batch consumer reserves its groups\' keys inside the
-	// group\'s transaction (see runInTx).
-	claimInTx    bool
+	// claimInTx: groups reserve their keys inside the group's
+	// transaction (see runInTx).
+	claimInTx bool
+	// stepsSeen: a handler called Delivery.Step in a group that held its
+	// keys, so groups reserve separately from then on.
+	stepsSeen    atomic.Bool
 	cfg          Config
 	topo         Topology
 	deathReserve int // see deathReserve
@@ -154,7 +157,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()
-	cons.claimInTx = bh != nil && c.BatchReserveInTx
+	cons.claimInTx = (bh != nil || c.GroupOptimistic) && !c.SeparateReservations
 	cons.notReady(errors.New("not running"))
 	return cons, nil
 }

@@ -127,7 +127,7 @@ func TestEveryOutcome(t *testing.T) {
 			t.Fatalf("effects %v", eff)
 		}
 		for _, k := range []string{"ok-1", "reject-1"} {
-			if m == "optimistic" || m == "batch" {
+			if m.optimistic() || m.batch() {
 				break // a group's handlers may run again after a batch-mate failed
 			}
 			n, _ := calls.Load(k)
@@ -136,7 +136,7 @@ func TestEveryOutcome(t *testing.T) {
 			}
 		}
 		n, _ := calls.Load("infra-1")
-		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m == "optimistic" || m == "batch")) {
+		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m.optimistic() || m.batch())) {
 			t.Fatalf("infra handler ran %d times, want MaxAttempts=3", got)
 		}
 		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "reject-1"})

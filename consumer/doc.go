@@ -53,8 +53,9 @@
 // delivery is then settled. By default each handler runs under its own
 // savepoint; GroupSize 1 is one transaction per message; GroupOptimistic
 // drops the savepoints; NewBatch takes a BatchHandler that handles a whole
-// group in one call (BatchReserveInTx reserves its keys in that same
-// transaction). A failing message never fails its group-mates. In every
+// group in one call. Batch handlers and optimistic groups reserve their
+// keys inside the group's transaction (one commit per group; see
+// Config.SeparateReservations). A failing message never fails its group-mates. In every
 // mode HandlerTimeout bounds one call of user code, and the transaction a
 // handler gets refuses Commit and Rollback (ErrHandlerTx).
 //

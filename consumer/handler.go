@@ -70,9 +70,6 @@ type Delivery struct {
 
 	lease *dedup.Lease
 	store *dedup.Store
-	// claimInTx: the key is reserved in the batch's transaction (Step is
-	// not available).
-	claimInTx bool
 	// crash is the test kit's crash hook (Consumer.crashAt), and tx the
 	// handler's transaction, which a crash in a step abandons too; nil in a
 	// running consumer.
@@ -94,11 +91,14 @@ func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
 // Messages the step enqueues to the outbox get ids derived from the step,
 // so a retry that skips committed steps cannot reuse them.
 //
-// With Config.BatchReserveInTx a batch's keys are reserved inside the
-// batch's own transaction, so a step, which commits on its own, cannot see
-// the key: Step then returns ErrStepInBatch.
+// In a group whose keys are reserved inside its own transaction (the
+// default of batch handlers and optimistic groups, see
+// Config.SeparateReservations), a step, which commits on its own, cannot
+// see the key: Step then returns ErrStepInBatch, which makes the group run
+// again with separate reservations, where the step runs, and every later
+// group of the consumer reserve separately.
 func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	if d.claimInTx {
+	if d.lease.HeldByTransaction() {
 		return ErrStepInBatch
 	}
 	if d.crash == nil || d.StepDone(name) {
@@ -117,10 +117,11 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 	return err
 }
 
-// ErrStepInBatch is what Delivery.Step returns to a BatchHandler with
-// Config.BatchReserveInTx: its deliveries' keys are reserved in the batch's
-// own transaction, which a step's transaction cannot see.
-var ErrStepInBatch = errors.New("a batch handler cannot run steps: its keys are reserved in the batch's transaction, which a step's transaction cannot see")
+// ErrStepInBatch is what Delivery.Step returns in a group whose keys are
+// reserved in the group's own transaction, which a step's transaction
+// cannot see (see Config.SeparateReservations); the group then runs again
+// with separate reservations.
+var ErrStepInBatch = errors.New("a step cannot run in a group whose keys are reserved in the group's transaction, which a step's transaction cannot see")
 
 // DerivedKey returns a deterministic key for one step of this operation, to
 // pass to an external API (a payment gateway) whose own deduplication then

@@ -73,6 +73,10 @@ func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 		h.cfg.GroupSize = 1
 	case modeOptimistic:
 		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
+	case modeOptimisticSeparate:
+		h.cfg.GroupSize, h.cfg.GroupOptimistic, h.cfg.SeparateReservations = 16, true, true
+	case modeBatchSeparate:
+		h.cfg.SeparateReservations = true
 	}
 	if mod != nil {
 		mod(&h.cfg)
@@ -110,7 +114,7 @@ func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
 	for range n {
 		var c *consumer.Consumer
 		var err error
-		if h.mode == modeBatch {
+		if h.mode.batch() {
 			c, err = consumer.NewBatch(h.store, asBatch(handler), &h.cfg)
 		} else {
 			c, err = consumer.New(h.store, handler, &h.cfg)
@@ -280,17 +284,40 @@ const (
 	modeGroup mode = "group"
 	// modeSingle: one transaction per message (GroupSize 1).
 	modeSingle mode = "single"
-	// modeOptimistic: group commit without a savepoint per handler.
+	// modeOptimistic: group commit without a savepoint per handler, the
+	// keys reserved in the group's transaction.
 	modeOptimistic mode = "optimistic"
-	// modeBatch: a BatchHandler.
+	// modeOptimisticSeparate: the same with separate reservations.
+	modeOptimisticSeparate mode = "optimistic-separate"
+	// modeBatch: a BatchHandler, the keys reserved in its transaction.
 	modeBatch mode = "batch"
+	// modeBatchSeparate: a BatchHandler with separate reservations.
+	modeBatchSeparate mode = "batch-separate"
 )
 
-var modes = []mode{modeGroup, modeSingle, modeOptimistic, modeBatch}
+var modes = []mode{modeGroup, modeSingle, modeOptimistic, modeOptimisticSeparate, modeBatch, modeBatchSeparate}
+
+// batch reports whether the mode runs a BatchHandler.
+func (m mode) batch() bool { return m == modeBatch || m == modeBatchSeparate }
+
+// optimistic reports whether the mode runs optimistic groups.
+func (m mode) optimistic() bool { return m == modeOptimistic || m == modeOptimisticSeparate }
+
+// separate reports whether the mode's whole groups reserve their keys with
+// a statement of their own (as per-message groups always do).
+func (m mode) separate() bool { return m != modeOptimistic && m != modeBatch }
 
 // forEachMode runs test once per consumer mode, as parallel subtests.
 func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {
+	forModes(t, func(mode) bool { return true }, test)
+}
+
+// forModes runs test once per consumer mode that which accepts.
+func forModes(t *testing.T, which func(mode) bool, test func(t *testing.T, m mode)) {
 	for _, m := range modes {
+		if !which(m) {
+			continue
+		}
 		t.Run(string(m), func(t *testing.T) {
 			t.Parallel()
 			test(t, m)

@@ -2,7 +2,9 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -11,16 +13,19 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/jackc/pgx/v5"
 )
 
-// runInTx is a batch consumer's fast path (Config.BatchReserveInTx): the group's keys are reserved
-// inside the group's own transaction (dedup.ReserveBatchTx), the batch
-// handler runs, the keys are completed, and ONE commit makes the
-// reservations, the effects and the completions durable together. Until
-// then no one else sees the reservations, and any other reservation of
-// those keys waits for the commit (and finds a duplicate) or the rollback
-// (and claims the key); no heartbeat is needed, and a worker that dies
-// takes its reservations with it.
+// runInTx is the whole-group modes' path (batch handlers, optimistic
+// groups; see Config.SeparateReservations): the group's keys are reserved
+// inside the group's own transaction (dedup.ReserveBatchTx, which writes
+// each row completed with the presumed default result), the handlers run
+// (whole.handle), the results that differ are recorded, and ONE commit
+// makes the reservations, the effects and the completions durable
+// together. Until then no one else sees the reservations, and any other
+// reservation of those keys waits for the commit (and finds a duplicate)
+// or the rollback (and claims the key); no heartbeat is needed, and a
+// worker that dies takes its reservations with it.
 //
 // Nothing is settled before the commit. If anything fails first (the
 // reservation, the handler, the completion), the transaction rolls back and
@@ -31,7 +36,7 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 	if len(items) < 2 {
 		return false // alone, a failure must not run the handler twice
 	}
-	tx, err := c.beginGroup(ctx)
+	tx, err := c.beginHeld(ctx)
 	if err != nil {
 		return false
 	}
@@ -64,20 +69,15 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 	}
 	var results []dedup.Result
 	if len(acquired) > 0 {
-		n := int64(len(acquired))
-		c.inFlight.Add(n)
-		c.metrics.inProgress.Add(ctx, n, c.metrics.with())
-		defer func() {
-			c.inFlight.Add(-n)
-			c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
-		}()
-		for _, it := range acquired {
-			it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
-			defer it.hcancel(nil)
-		}
+		defer c.handling(ctx, acquired)()
 		t0 := time.Now()
-		results, err = c.callBatch(ctx, acquired, tx)
+		results, err = c.strategy.(whole).handle(ctx, acquired, tx)
 		c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+		if errors.Is(err, ErrStepInBatch) && c.stepsSeen.CompareAndSwap(false, true) {
+			// The handlers run steps, which need leases others can see:
+			// from now on every group reserves separately.
+			c.log.Info("the handler runs steps: groups reserve their keys separately from now on")
+		}
 		if err != nil {
 			return false
 		}
@@ -114,4 +114,23 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		c.settleSuccess(s, it, &results[i])
 	}
 	return true
+}
+
+// beginHeld opens the transaction of a group that reserves its keys in it.
+// The transaction's row locks are the group's leases, so it must not
+// outlive the worker's reach: a worker cut off from Postgres leaves its
+// session idle in the transaction, which the server ends after
+// HandlerTimeout + StoreTimeout (the longest a live worker leaves it idle:
+// a handler doing other work, then a store call), releasing the keys.
+func (c *Consumer) beginHeld(ctx context.Context) (pgx.Tx, error) {
+	bctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	idle := (c.cfg.HandlerTimeout + c.cfg.StoreTimeout).Milliseconds()
+	tx, err := c.store.Pool().BeginTx(bctx, pgx.TxOptions{
+		BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(idle, 10),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	return tx, nil
 }

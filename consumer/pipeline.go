@@ -156,7 +156,7 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 		seen[k] = true
 		claimable = append(claimable, it)
 	}
-	if !c.claimInTx || !c.runInTx(ctx, s, claimable) {
+	if !c.claimInTx || c.stepsSeen.Load() || !c.runInTx(ctx, s, claimable) {
 		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
 			for _, it := range acquired {
 				c.crashAt(it.ctx, kit.StageAfterReserve, "")
@@ -256,21 +256,7 @@ type groupResult struct {
 // execute runs the acquired items under the consumer's strategy, with one
 // heartbeat for their leases, and settles each.
 func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
-	n := int64(len(items))
-	c.inFlight.Add(n)
-	c.metrics.inProgress.Add(ctx, n, c.metrics.with())
-	defer func() {
-		c.inFlight.Add(-n)
-		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
-	}()
-	for _, it := range items {
-		it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
-	}
-	defer func() {
-		for _, it := range items {
-			it.hcancel(nil)
-		}
-	}()
+	defer c.handling(ctx, items)()
 	stop := c.heartbeat(ctx, items)
 	t0 := time.Now()
 	results := c.strategy.run(ctx, items)
@@ -283,6 +269,25 @@ func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
 		} else {
 			c.settleSuccess(s, it, &r.result)
 		}
+	}
+}
+
+// handling counts the items in progress and gives each its handler context
+// (cancelled with a cause when its lease is lost); the returned function
+// ends both.
+func (c *Consumer) handling(ctx context.Context, items []*item) (done func()) {
+	n := int64(len(items))
+	c.inFlight.Add(n)
+	c.metrics.inProgress.Add(ctx, n, c.metrics.with())
+	for _, it := range items {
+		it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
+	}
+	return func() {
+		for _, it := range items {
+			it.hcancel(nil)
+		}
+		c.inFlight.Add(-n)
+		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
 	}
 }
 

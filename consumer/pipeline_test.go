@@ -64,9 +64,12 @@ func TestHandlerCannotCommitOrRollBack(t *testing.T) {
 
 // A lease lost under a running handler (another worker took the key over)
 // cancels that handler's context with dedup.ErrLeaseLost as the cause, and
-// only that one: its group-mate commits.
+// only that one: its group-mate commits. (In the modes that hold their keys
+// in the group's transaction there is no lease to lose: another worker's
+// takeover waits for the row lock; TestWholeGroupsWithDuplicatesAndPoison
+// covers them.)
 func TestLostLeaseCancelsOnlyThatHandler(t *testing.T) {
-	forEachMode(t, func(t *testing.T, m mode) {
+	forModes(t, mode.separate, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Lease = 1500 * time.Millisecond
 			c.Concurrency = 1
@@ -148,13 +151,22 @@ func TestHandlerTimeoutHolds(t *testing.T) {
 	})
 }
 
-// A batch consumer that reserves its keys in the group's transaction: two
-// consumers, duplicates and a burst of copies of one key, a poison message
-// in the middle of a batch. Every key has one effect, the poison goes to
-// the DLQ alone, nothing is left in the queue.
-func TestBatchReserveInTx(t *testing.T) {
-	h := newHarness(t, modeBatch, func(c *consumer.Config) {
-		c.BatchReserveInTx = true
+// Groups that reserve their keys in the group's transaction (batch
+// handlers and optimistic groups by default), and the same with separate
+// reservations: two consumers, duplicates and a burst of copies of one key,
+// a poison message in the middle of a group. Every key has one effect, the
+// poison goes to the DLQ alone, nothing is left in the queue.
+func TestWholeGroupsWithDuplicatesAndPoison(t *testing.T) {
+	for _, m := range []mode{modeBatch, modeBatchSeparate, modeOptimistic, modeOptimisticSeparate} {
+		t.Run(string(m), func(t *testing.T) {
+			t.Parallel()
+			testWholeGroupsWithDuplicatesAndPoison(t, m)
+		})
+	}
+}
+
+func testWholeGroupsWithDuplicatesAndPoison(t *testing.T, m mode) {
+	h := newHarness(t, m, func(c *consumer.Config) {
 		c.GroupSize, c.GroupLinger = 20, 20*time.Millisecond
 	})
 	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
@@ -197,4 +209,56 @@ func TestBatchReserveInTx(t *testing.T) {
 		t.Errorf("outcomes %v, want %d processed and 1 dead-lettered", c, unique+1)
 	}
 	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
+}
+
+// A per-message handler that runs steps, in optimistic groups that hold
+// their keys in the group's transaction: the first group that meets a step
+// runs again with separate reservations, and so does every later one; each
+// step commits once per key, every key has one effect.
+func TestOptimisticGroupsWithStepsReserveSeparately(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, modeOptimistic, func(c *consumer.Config) {
+		c.GroupLinger = 50 * time.Millisecond
+	})
+	if _, err := h.pool.Exec(context.Background(), "CREATE TABLE "+h.schema+".charges (key text NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		err := d.Step(ctx, "charge", func(ctx context.Context, stx pgx.Tx) error {
+			_, err := stx.Exec(ctx, "INSERT INTO "+h.schema+".charges (key) VALUES ($1)", d.Key)
+			return err
+		})
+		if err != nil {
+			return consumer.Response{}, err
+		}
+		return h.ledgerEffect(ctx, tx, d)
+	}
+	const n = 40
+	for i := range n {
+		h.publish(keyOf(i, "step"), `{}`, nil)
+	}
+	stop := h.start(1, handler)
+	evs := h.waitEvents(60*time.Second, "every key settled", func(evs []consumer.Event) bool { return finals(evs) >= n })
+	stop()
+	if c := countOutcomes(evs); c[consumer.OutcomeProcessed] != n {
+		t.Fatalf("outcomes %v, want %d processed", c, n)
+	}
+	eff := h.effects()
+	charges := map[string]int{}
+	rows, err := h.pool.Query(context.Background(), "SELECT key FROM "+h.schema+".charges")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		charges[k]++
+	}
+	for i := range n {
+		if k := keyOf(i, "step"); eff[k] != 1 || charges[k] != 1 {
+			t.Errorf("key %s: %d effects, %d charges; want 1 and 1", k, eff[k], charges[k])
+		}
+	}
 }

@@ -174,7 +174,7 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
 		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
-		lease: lease, store: c.store, claimInTx: c.claimInTx,
+		lease: lease, store: c.store,
 	}
 	if c.direct != nil {
 		it.del.crash = c.crashAt

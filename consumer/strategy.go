@@ -171,17 +171,7 @@ func (s whole) try(ctx context.Context, items []*item) ([]groupResult, bool) {
 		return nil, false
 	}
 	defer c.rollback(ctx, tx)
-	var results []dedup.Result
-	if s.batch {
-		results, err = c.callBatch(ctx, items, tx)
-	} else {
-		results = make([]dedup.Result, len(items))
-		for i, it := range items {
-			if results[i], err = c.call(it, tx); err != nil {
-				break
-			}
-		}
-	}
+	results, err := s.handle(ctx, items, tx)
 	if err != nil {
 		return nil, false
 	}
@@ -205,6 +195,22 @@ func (s whole) try(ctx context.Context, items []*item) ([]groupResult, bool) {
 		out[i] = groupResult{result: results[i]}
 	}
 	return out, true
+}
+
+// handle runs the group's user code in tx: the batch handler once, or each
+// handler in turn; the first failure ends it.
+func (s whole) handle(ctx context.Context, items []*item, tx pgx.Tx) ([]dedup.Result, error) {
+	if s.batch {
+		return s.c.callBatch(ctx, items, tx)
+	}
+	results := make([]dedup.Result, len(items))
+	for i, it := range items {
+		var err error
+		if results[i], err = s.c.call(it, tx); err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
 }
 
 // failAll marks every item not yet failed as failed with err.

@@ -140,8 +140,8 @@ type scenario struct {
 	groupSize  int
 	duplicates float64
 	optimistic bool
-	// reserveInTx: a batch consumer with BatchReserveInTx.
-	reserveInTx bool
+	// separate: a whole-group mode with Config.SeparateReservations.
+	separate bool
 	// concurrency and linger, when set, replace the run's concurrency and
 	// the default linger (the shape of the reference consumer).
 	concurrency int
@@ -228,9 +228,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
 		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
 		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
+		scenario{name: "idemq optimistic 32, separate reservations", mode: modeGroup, groupSize: 32, optimistic: true, separate: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
-		scenario{name: "idemq batch 100, reserved in its tx", mode: modeBatch, groupSize: 100, reserveInTx: true},
-		scenario{name: "idemq batch 100 in tx, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, reserveInTx: true, concurrency: 2, linger: 5 * time.Millisecond},
+		scenario{name: "idemq batch 100, separate reservations", mode: modeBatch, groupSize: 100, separate: true},
+		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
 		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	)
@@ -623,7 +624,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Optimistic: sc.optimistic, ReserveInTx: sc.reserveInTx, Linger: sc.linger}
+		Optimistic: sc.optimistic, Separate: sc.separate, Linger: sc.linger}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error

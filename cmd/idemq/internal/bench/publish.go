@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
@@ -283,8 +284,10 @@ func runRelay(ctx context.Context, spec workerSpec) (workerResult, error) {
 	if err != nil {
 		return workerResult{}, err
 	}
+	// IDEMQ_BENCH_RELAY_LANES sets RelayConfig.Lanes (default: the relay's).
+	lanes, _ := strconv.Atoi(os.Getenv("IDEMQ_BENCH_RELAY_LANES"))
 	r, err := outbox.NewRelay(ob, spec.AMQPURL, &outbox.RelayConfig{
-		BatchSize: spec.BatchSize, ConnectionName: "idemq-bench-relay",
+		BatchSize: spec.BatchSize, Lanes: lanes, ConnectionName: "idemq-bench-relay",
 		Logger: discardLogger(), MeterProvider: publishedMeter{add: t.settleN},
 	})
 	if err != nil {

@@ -58,7 +58,7 @@ type workerSpec struct {
 	Prefetch    int           `json:"prefetch"`
 	GroupSize   int           `json:"group_size"`
 	Optimistic  bool          `json:"optimistic"`
-	ReserveInTx bool          `json:"reserve_in_tx"`
+	Separate    bool          `json:"separate"`
 	Linger      time.Duration `json:"linger,omitempty"`
 	// Publishing side: the queue published to, the body size, the
 	// publisher's confirm window, the relay's batch size.
@@ -248,7 +248,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	sent := map[string]amqp.Table{} // key hash → headers of paced messages
 	cfg := &consumer.Config{
 		URL: spec.AMQPURL, Queue: spec.Queue, Name: "bench", SkipDeclare: true,
-		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, GroupSize: spec.GroupSize, GroupOptimistic: spec.Optimistic, BatchReserveInTx: spec.ReserveInTx,
+		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, GroupSize: spec.GroupSize, GroupOptimistic: spec.Optimistic, SeparateReservations: spec.Separate,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) {
 			sentMu.Lock()
