@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -67,12 +65,13 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		others = append(others, it)
 		otherRes = append(otherRes, res[i])
 	}
-	var results []dedup.Result
+	var results []groupResult
 	if len(acquired) > 0 {
-		defer c.handling(ctx, acquired)()
+		done := c.handling(ctx, acquired)
 		t0 := time.Now()
-		results, err = c.strategy.(whole).handle(ctx, acquired, tx)
+		results, err = c.strategy.(whole).commitWhole(ctx, tx, acquired)
 		c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+		done()
 		if errors.Is(err, ErrStepInBatch) && c.stepsSeen.CompareAndSwap(false, true) {
 			// The handlers run steps, which need leases others can see:
 			// from now on every group reserves separately.
@@ -81,38 +80,16 @@ func (c *Consumer) runInTx(ctx context.Context, s *session, items []*item) bool 
 		if err != nil {
 			return false
 		}
-		leases := make([]*dedup.Lease, len(acquired))
-		for i, it := range acquired {
-			leases[i] = it.lease
-		}
-		cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(acquired))
-		lost, err := c.completeBatch(cctx, tx, leases, results)
-		cspan.End()
-		if err != nil || len(lost) > 0 {
-			return false
-		}
 	}
-	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
-	err = c.commit(cctx, tx)
-	if err != nil {
-		// The commit's fate is unknown: every acquired item is retried; a
-		// retry finds its key completed (a duplicate) if the commit landed,
-		// absent if it did not.
-		cspan.SetStatus(codes.Error, redact.Error(err))
-	}
-	cspan.End()
 	for i, it := range others {
 		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", otherRes[i].Decision.String())))
 		c.decide(s, it, otherRes[i])
 	}
-	for i, it := range acquired {
+	for _, it := range acquired {
 		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", dedup.Acquired.String())))
-		if err != nil {
-			c.settleFailure(s, it, fmt.Errorf("commit: %w", err), false)
-			continue
-		}
-		c.settleSuccess(s, it, &results[i])
 	}
+	// A failed commit left nothing to release: the held keys rolled back.
+	c.settle(s, acquired, results)
 	return true
 }
 

@@ -263,6 +263,11 @@ func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
 	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	stop()
 	c.releaseFailed(ctx, items, results)
+	c.settle(s, items, results)
+}
+
+// settle gives each executed item its outcome from its result.
+func (c *Consumer) settle(s *session, items []*item, results []groupResult) {
 	for i, it := range items {
 		if r := results[i]; r.err != nil {
 			c.settleFailure(s, it, r.err, r.bystander)

@@ -165,15 +165,26 @@ func (s whole) run(ctx context.Context, items []*item) []groupResult {
 }
 
 func (s whole) try(ctx context.Context, items []*item) ([]groupResult, bool) {
-	c := s.c
-	tx, err := c.beginGroup(ctx)
+	tx, err := s.c.beginGroup(ctx)
 	if err != nil {
 		return nil, false
 	}
-	defer c.rollback(ctx, tx)
+	defer s.c.rollback(ctx, tx)
+	out, err := s.commitWhole(ctx, tx, items)
+	return out, err == nil
+}
+
+// commitWhole runs the group's user code in tx, completes every key with one
+// statement (for keys tx holds, only the results that differ from the
+// presumed one) and commits. An error means nothing committed and nothing
+// is decided: a handler failed, a lease was lost or the completion failed,
+// and the group must run again another way. A failed commit is an outcome
+// (unknown: every item fails and is retried), not an error.
+func (s whole) commitWhole(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult, error) {
+	c := s.c
 	results, err := s.handle(ctx, items, tx)
 	if err != nil {
-		return nil, false
+		return nil, err
 	}
 	leases := make([]*dedup.Lease, len(items))
 	for i, it := range items {
@@ -182,19 +193,24 @@ func (s whole) try(ctx context.Context, items []*item) ([]groupResult, bool) {
 	cctx, cspan := c.tracer.Start(ctx, "idemq complete", groupLinks(items))
 	defer cspan.End()
 	lost, err := c.completeBatch(cctx, tx, leases, results)
-	if err != nil || len(lost) > 0 {
+	if err == nil && len(lost) > 0 {
+		err = fmt.Errorf("%d of the group's leases: %w", len(lost), dedup.ErrLeaseLost)
+	}
+	if err != nil {
 		cspan.AddEvent("idemq.group_isolated", trace.WithAttributes(attribute.Int("idemq.leases_lost", len(lost))))
-		return nil, false
+		return nil, err
 	}
 	out := make([]groupResult, len(items))
 	if err := c.commit(cctx, tx); err != nil {
+		// The commit's fate is unknown: every item is retried; a retry finds
+		// its key completed (a duplicate) if the commit landed.
 		cspan.SetStatus(codes.Error, redact.Error(err))
-		return failAll(out, fmt.Errorf("commit: %w", err)), true
+		return failAll(out, fmt.Errorf("commit: %w", err)), nil
 	}
 	for i := range out {
 		out[i] = groupResult{result: results[i]}
 	}
-	return out, true
+	return out, nil
 }
 
 // handle runs the group's user code in tx: the batch handler once, or each

@@ -632,8 +632,7 @@ func TestBench(t *testing.T) {
 	}
 	consume := []string{
 		"bare amqp091-go consume+ack", "idemq per-message (1 tx/msg)", "idemq per-message, group commit 32",
-		"idemq per-message, optimistic group 32", "idemq optimistic 32, separate reservations", "idemq batch handler 100",
-		"idemq batch 100, separate reservations", "idemq batch 100, 2 in flight, linger 5ms", "idemq optimistic group 32, 20% dup",
+		"idemq per-message, optimistic group 32", "idemq optimistic 32, separate reservations", "idemq batch handler 100", "idemq batch 100, separate reservations", "idemq batch 100, 2 in flight, linger 5ms", "idemq optimistic group 32, 20% dup",
 		"idemq batch 100, 20% dup", "bare amqp091-go, again",
 	}
 	reference := []string{
