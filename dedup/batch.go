@@ -332,14 +332,20 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 	n := len(leased)
 	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	tokens, codes, responses, reasons := make([][16]byte, n), make([]int32, n), make([][]byte, n), make([]*string, n)
+	headers := make([]*string, n)
 	pending := make(map[[16]byte]*Lease, n)
 	for j, i := range leased {
 		l, r := leases[i], results[i]
 		consumers[j], tenants[j], keys[j], tokens[j] = l.Consumer, l.Tenant, l.stored, l.Token
 		outcomes[j], codes[j], responses[j], reasons[j] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
+		hdr, err := encodeHeaders(r.Headers)
+		if err != nil {
+			return nil, err
+		}
+		headers[j] = hdr
 		pending[l.Token] = l
 	}
-	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons)
+	rows, err := tx.Query(ctx, s.sql.completeBatch, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, outcomes, codes, responses, reasons, headers)
 	if err != nil {
 		return nil, interpretError("complete keys", err)
 	}
@@ -370,13 +376,18 @@ func (s *Store) completeHeldBatch(ctx context.Context, tx pgx.Tx, leases []*Leas
 	}
 	n := len(idx)
 	consumers, tenants, keys, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	codes, responses, reasons := make([]int32, n), make([][]byte, n), make([]*string, n)
+	codes, responses, reasons, headers := make([]int32, n), make([][]byte, n), make([]*string, n), make([]*string, n)
 	for j, i := range idx {
 		l, r := leases[i], results[i]
 		consumers[j], tenants[j], keys[j] = l.Consumer, l.Tenant, l.stored
 		outcomes[j], codes[j], responses[j], reasons[j] = string(r.Outcome), int32(r.Code), r.Response, nullable(r.Reason)
+		hdr, err := encodeHeaders(r.Headers)
+		if err != nil {
+			return err
+		}
+		headers[j] = hdr
 	}
-	tag, err := tx.Exec(ctx, s.sql.completeBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, outcomes, codes, responses, reasons)
+	tag, err := tx.Exec(ctx, s.sql.completeBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, outcomes, codes, responses, reasons, headers)
 	if err != nil {
 		return interpretError("complete keys", err)
 	}

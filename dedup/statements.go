@@ -4,12 +4,12 @@ import "strings"
 
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
-	reserve, complete, release, extend, inspect, checkpoint string
-	gcCompleted, gcAbandoned                                string
-	reserveBatch, inspectBatch, extendBatch, completeBatch  string
-	headerKeys                                              string
-	releaseBatch                                            string
-	stats                                                   string
+	reserve, complete, release, forget, extend, inspect, checkpoint string
+	gcCompleted, gcAbandoned                                        string
+	reserveBatch, inspectBatch, extendBatch, completeBatch          string
+	headerKeys                                                      string
+	releaseBatch                                                    string
+	stats                                                           string
 	// The statements of a lease held by the caller's transaction (see
 	// Store.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
@@ -37,12 +37,15 @@ SELECT $1, $2, $3, 'in_progress', $4::bytea, $5::uuid, now() + $6::bigint * inte
 ` + takeover + `RETURNING attempts, locked_until, coalesce(recovery_point, ''), recovery_data, steps, (xmax = 0)`,
 
 		complete: `UPDATE ` + t + `
-SET state = 'completed', outcome = $5, response_code = $6, response = $7, response_reason = $8,
+SET state = 'completed', outcome = $5, response_code = $6, response = $7, response_reason = $8, response_headers = $9::jsonb,
     lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		release: async + `UPDATE ` + t + `
 SET lease_token = NULL, locked_until = now(), release_reason = $5, updated_at = now()` + fromClause(from) + `
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		forget: async + `DELETE FROM ` + t + strings.Replace(fromClause(from), "FROM", "USING", 1) + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		extend: async + `UPDATE ` + t + `
@@ -78,8 +81,8 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 		// The rows are locked first, in the global key order that batch
 		// reservations use, so that the two never wait on each other in a cycle.
 		completeBatch: `WITH c AS MATERIALIZED (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[])
-        AS c(consumer, tenant, key, token, outcome, code, response, reason)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::jsonb[])
+        AS c(consumer, tenant, key, token, outcome, code, response, reason, headers)
 ), locked AS MATERIALIZED (
     SELECT k.consumer, k.tenant, k.key FROM ` + t + ` AS k JOIN c USING (consumer, tenant, key)
     WHERE k.lease_token = c.token AND k.state = 'in_progress'
@@ -88,7 +91,7 @@ JOIN unnest($1::text[], $2::text[], $3::text[]) AS c(consumer, tenant, key)
 )
 UPDATE ` + t + ` AS k
 SET state = 'completed', outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason,
-    lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
+    response_headers = c.headers, lease_token = NULL, locked_until = NULL, release_reason = NULL, completed_at = now(), updated_at = now()
 FROM c JOIN locked AS l USING (consumer, tenant, key)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key
   AND k.lease_token = c.token AND k.state = 'in_progress'
@@ -154,12 +157,12 @@ WHERE k.lease_token = c.token AND k.state = 'in_progress'
 	// A held row is the caller's transaction's own (it wrote the row, and
 	// holds its lock until it ends): no fencing token, no lock ordering.
 	st.completeHeld = `UPDATE ` + t + `
-SET outcome = $4, response_code = $5, response = $6, response_reason = $7
+SET outcome = $4, response_code = $5, response = $6, response_reason = $7, response_headers = $8::jsonb
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND state = 'completed'`
 	st.completeBatchHeld = `UPDATE ` + t + ` AS k
-SET outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bytea[], $7::text[])
-    AS c(consumer, tenant, key, outcome, code, response, reason)
+SET outcome = c.outcome, response_code = c.code, response = c.response, response_reason = c.reason, response_headers = c.headers
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bytea[], $7::text[], $8::jsonb[])
+    AS c(consumer, tenant, key, outcome, code, response, reason, headers)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'`
 	return st
 }
@@ -233,5 +236,6 @@ func recordColumns(p string) string {
     $attempts, $recovery_point, $recovery_data, $steps, $outcome, $response_code, $response,
     $trace_id, $span_id, $created_at, $updated_at, $completed_at, $response_reason,
     ($state = 'in_progress' AND $lease_token IS NULL),
-    CASE WHEN $state = 'in_progress' AND $lease_token IS NULL THEN $release_reason END`)
+    CASE WHEN $state = 'in_progress' AND $lease_token IS NULL THEN $release_reason END,
+    $response_headers`)
 }

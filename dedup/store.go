@@ -177,7 +177,11 @@ type Result struct {
 	Code    int
 	// Reason is the reason a business rejection gave ("insufficient
 	// funds"), kept with the code and the response; "" for OutcomeOK.
-	Reason   string
+	Reason string
+	// Headers are the headers of the response, for protocols whose answer
+	// has them (an HTTP response: see package idemhttp), stored as a JSON
+	// object and given back as they were; nil for none.
+	Headers  map[string][]string
 	Response []byte
 }
 
@@ -306,17 +310,21 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
+	hdr, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return err
+	}
 	if l.held {
 		if presumed(r) {
 			return nil // the reservation wrote this result already
 		}
-		tag, err := tx.Exec(ctx, s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason))
+		tag, err := tx.Exec(ctx, s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr)
 		if err != nil {
 			return interpretError("complete key", err)
 		}
 		return completedOrLost(tag)
 	}
-	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason)
+	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
@@ -325,7 +333,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) err
 
 // presumed reports whether r is the result a held reservation writes.
 func presumed(r Result) bool {
-	return r.Outcome == OutcomeOK && r.Code == 0 && r.Response == nil && r.Reason == ""
+	return r.Outcome == OutcomeOK && r.Code == 0 && r.Response == nil && r.Reason == "" && len(r.Headers) == 0
 }
 
 // checkOutcome refuses a result that is neither ok nor rejected.
@@ -354,13 +362,17 @@ func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
 	if err := checkOutcome(r); err != nil {
 		return err
 	}
+	hdr, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return err
+	}
 	if l.held {
 		if !presumed(r) {
-			b.Queue(s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason)).Exec(completedOrLost)
+			b.Queue(s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr).Exec(completedOrLost)
 		}
 		return nil
 	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason).Exec(completedOrLost)
+	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr).Exec(completedOrLost)
 	return nil
 }
 
@@ -380,6 +392,27 @@ func (s *Store) Release(ctx context.Context, l *Lease, reason string) error {
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("release key: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Forget gives the key up and forgets it: the row is deleted, so the key is
+// absent again and the next reservation starts afresh, also for another
+// fingerprint. It is for a protocol in which a failed attempt leaves
+// nothing behind (an HTTP request refused before its operation ran, which
+// the client may correct and send again with the same key); a message
+// consumer releases instead. Fenced: a lease already lost gives
+// ErrLeaseLost.
+func (s *Store) Forget(ctx context.Context, l *Lease) error {
+	if l.held {
+		return errHeld("forget key")
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.forget, l.Consumer, l.Tenant, l.stored, l.Token)
+	if err != nil {
+		return interpretError("forget key", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("forget key: %w", ErrLeaseLost)
 	}
 	return nil
 }
@@ -466,12 +499,13 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 		recoveryPoint   *string
 		traceID, spanID *string
 		reason, release *string
+		headers         []byte
 	)
 	err = row.Scan(
 		&rec.Consumer, &rec.Tenant, &stored, &rec.State, &fp, &rec.LeaseValid, &rec.LockedUntil,
 		&rec.Attempts, &recoveryPoint, &rec.RecoveryData, &rec.Steps, &outcome, &code, &response,
 		&traceID, &spanID, &rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &reason,
-		&rec.Released, &release,
+		&rec.Released, &release, &headers,
 	)
 	if err != nil {
 		return nil, "", err
@@ -482,6 +516,9 @@ func scanRecord(row pgx.Row) (rec *Record, stored string, err error) {
 	rec.ReleaseReason = deref(release)
 	if outcome != nil {
 		rec.Result = &Result{Outcome: Outcome(*outcome), Reason: deref(reason), Response: response}
+		if err := decodeHeaders(headers, &rec.Result.Headers); err != nil {
+			return nil, "", err
+		}
 		if code != nil {
 			rec.Result.Code = *code
 		}

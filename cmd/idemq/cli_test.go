@@ -43,6 +43,9 @@ func TestBadUsageExits2(t *testing.T) {
 		{"forward to itself", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", ""}, nil, "--to-routing-key"},
 		{"header keys file without a key", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--header-keys-file", os.DevNull}, nil, "holds no key"},
 		{"header keys file from env", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x"}, []string{"IDEMQ_HEADER_KEYS_FILE=" + os.DevNull}, "IDEMQ_HEADER_KEYS_FILE"},
+		{"gateway on all interfaces without tokens", []string{"gateway", "--consumer", "c", "--to-exchange", "x", "--listen", ":8080"}, nil, "not a loopback address"},
+		{"gateway tokens and tenant header", []string{"gateway", "--consumer", "c", "--to-exchange", "x", "--tokens", os.DevNull, "--tenant-header", "x-tenant-id"}, nil, "exclude each other"},
+		{"gateway empty tokens file", []string{"gateway", "--consumer", "c", "--to-exchange", "x", "--tokens", os.DevNull}, nil, "no token"},
 		{"key missing", []string{"keys", "inspect", "--consumer", "c"}, nil, "exactly one KEY"},
 		{"stray argument", []string{"migrate", "now"}, nil, "takes no arguments"},
 		{"bad schema", []string{"migrate", "--schema", "Bad-Name"}, nil, "--schema"},
@@ -573,9 +576,9 @@ func TestDemo(t *testing.T) {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 	})
 	deleteTopologyAtCleanup(t, queue, []string{"200ms", "400ms", "800ms"}, nil, nil)
-	r := mustRun(t, env("idemq"), "demo", "--payments", "60", "--workers", "2", "--concurrency", "4",
+	r := mustRun(t, env("idemq"), "demo", "--payments", "60", "--http-payments", "30", "--workers", "2", "--concurrency", "4",
 		"--demo-schema", schema, "--queue", queue, "--log-dir", t.TempDir())
-	for _, want := range []string{"Report", "effects applied", "killed with SIGKILL", "OK: "} {
+	for _, want := range []string{"Report", "effects applied", "killed with SIGKILL", "HTTP front door", "409 in progress", "HTTP: charges == unique operations (30)", "OK: "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, r.stdout)
 		}

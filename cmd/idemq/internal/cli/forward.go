@@ -104,18 +104,11 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			ctx := cmd.Context()
 			// A handler's transaction, a reservation and a heartbeat per
 			// worker at most, plus the relay's claim and spare.
-			pool, err := a.openStorePool(ctx, int32(2*concurrency+4))
+			store, err := a.openLeaseStore(ctx, int32(2*concurrency+4), lease, hashKeys, toExchange)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			store, err := dedup.NewStore(pool, &dedup.Config{Schema: a.schema, Lease: lease, HashKeys: hashKeys})
-			if err != nil {
-				return err
-			}
-			if err := a.checkBroker(toExchange); err != nil {
-				return err
-			}
+			defer store.Pool().Close()
 			// /healthz answers 503 until the stage consumes, and while it
 			// reconnects.
 			var stage atomic.Pointer[forward.Stage]
@@ -178,6 +171,26 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	a.metricsFlag(f, &metricsAddr)
 	requireFlags(cmd, "queue", "consumer", "to-exchange")
 	return cmd
+}
+
+// openLeaseStore opens the key store of a long-running command that holds
+// leases (forward, gateway): Postgres with at most maxConns connections, the
+// schema checked, and RabbitMQ checked (see checkBroker) for its target
+// exchange. The caller closes the store's pool.
+func (a *app) openLeaseStore(ctx context.Context, maxConns int32, lease time.Duration, hashKeys bool, exchange string) (*dedup.Store, error) {
+	pool, err := a.openStorePool(ctx, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	store, err := dedup.NewStore(pool, &dedup.Config{Schema: a.schema, Lease: lease, HashKeys: hashKeys})
+	if err == nil {
+		err = a.checkBroker(exchange)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return store, nil
 }
 
 // openStorePool opens Postgres and checks that the schema is migrated.

@@ -122,7 +122,11 @@ func printKey(a *app, r keys.Report) {
 		line("outcome", "%s", dash(r.Outcome))
 	}
 	if r.ResponseCode != nil {
-		line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
+		if len(r.ResponseHeaders) > 0 {
+			line("response", "code %d, %d bytes, headers %s", *r.ResponseCode, *r.ResponseSize, strings.Join(r.ResponseHeaders, ", "))
+		} else {
+			line("response", "code %d, %d bytes", *r.ResponseCode, *r.ResponseSize)
+		}
 	} else {
 		line("response", "-")
 	}

@@ -77,6 +77,7 @@ recreates.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.Payments, "payments", demo.DefaultPayments, "unique payments (duplicates, bursts and bad messages come on top)")
+	f.IntVar(&o.HTTPPayments, "http-payments", demo.DefaultHTTPPayments, "unique payments of the HTTP part, POSTed through idemq gateway by clients that time out and retry (negative: skip it)")
 	f.IntVar(&o.Workers, "workers", demo.DefaultWorkers, "worker processes")
 	f.IntVar(&o.Concurrency, "concurrency", demo.DefaultConcurrency, "handlers per worker")
 	f.Float64Var(&o.KillAt, "kill-at", demo.DefaultKillAt, "fraction of the messages settled when one worker is killed")

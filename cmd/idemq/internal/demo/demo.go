@@ -128,6 +128,13 @@ func (r *runner) run(ctx context.Context) (Report, error) {
 	if settleErr != nil {
 		rep.Failures = append([]string{settleErr.Error()}, rep.Failures...)
 	}
+	if o.HTTPPayments > 0 && rep.OK() {
+		if rep.HTTP, err = r.runHTTP(ctx); err != nil {
+			rep.print(r.w)
+			return rep, err
+		}
+		rep.Failures = append(rep.Failures, rep.HTTP.Failures...)
+	}
 	rep.print(r.w)
 	if o.UIListen != "" && ctx.Err() == nil {
 		if err := r.serveUI(ctx); err != nil {

@@ -52,24 +52,25 @@ func TestDemo(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	rep, err := demo.Run(ctx, demo.Options{
-		PostgresURL: testdb.URL(),
-		AMQPURL:     testamqp.URL(),
-		Schema:      schema,
-		Queue:       queue,
-		Payments:    300,
-		Workers:     2,
-		Concurrency: 4,
-		Seed:        7,
-		JaegerURL:   "http://jaeger.example:16686",
-		Timeout:     2 * time.Minute,
-		LogDir:      t.TempDir(),
+		PostgresURL:  testdb.URL(),
+		AMQPURL:      testamqp.URL(),
+		Schema:       schema,
+		Queue:        queue,
+		Payments:     300,
+		HTTPPayments: 100,
+		Workers:      2,
+		Concurrency:  4,
+		Seed:         7,
+		JaegerURL:    "http://jaeger.example:16686",
+		Timeout:      2 * time.Minute,
+		LogDir:       t.TempDir(),
 	}, &out)
 	t.Logf("output:\n%s", out.String())
 	if err != nil {
 		t.Fatalf("demo: %v", err)
 	}
 
-	if !rep.OK() || !strings.Contains(out.String(), "\nOK: effects applied == unique keys processed, 0 doubled, 0 lost\n") {
+	if !rep.OK() || !strings.Contains(out.String(), "\nOK: effects applied == unique keys processed, 0 doubled, 0 lost; HTTP: charges == unique operations (100), 0 doubled\n") {
 		t.Fatalf("not OK: %v", rep.Failures)
 	}
 	if rep.Effects != rep.Processed || rep.DoubledKeys != 0 || rep.LostKeys != 0 || rep.InProgress != 0 || rep.Unsettled != 0 {
@@ -92,6 +93,12 @@ func TestDemo(t *testing.T) {
 		if rep.DeadLetters[reason] == 0 || rep.DeadLetters[reason] < rep.ExpectedDeadLetters[reason] {
 			t.Errorf("dead letters %s: %d, want %d", reason, rep.DeadLetters[reason], rep.ExpectedDeadLetters[reason])
 		}
+	}
+
+	// The HTTP part: clients that time out and retry, one charge per operation.
+	if h := rep.HTTP; h == nil || h.Charges != 100 || h.ChargedKeys != 100 || h.DoubledKeys != 0 || h.Published != 100 ||
+		h.Conflicts == 0 || h.Replayed == 0 || h.Timeouts == 0 || h.Lost == 0 || h.Attempts <= h.Operations {
+		t.Errorf("HTTP part: %+v", h)
 	}
 
 	// The duplicate's trace and the original's, as the key row stored it.
@@ -121,7 +128,7 @@ func TestRerunIsClean(t *testing.T) {
 	cleanup(t, schema, queue)
 	opts := demo.Options{
 		PostgresURL: testdb.URL(), AMQPURL: testamqp.URL(), Schema: schema, Queue: queue,
-		Payments: 40, Workers: 1, Concurrency: 2, KillAt: -1, Seed: 3, Timeout: time.Minute, LogDir: t.TempDir(),
+		Payments: 40, HTTPPayments: -1, Workers: 1, Concurrency: 2, KillAt: -1, Seed: 3, Timeout: time.Minute, LogDir: t.TempDir(),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

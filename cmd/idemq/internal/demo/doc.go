@@ -62,4 +62,20 @@
 // a processed key; no key is left in progress; the work queue and the retry
 // tiers are empty; every poison, reuse and bad-key message reached the DLQ.
 // Run returns an error when it does not hold.
+//
+// # The HTTP front door
+//
+// Then (unless Options.HTTPPayments is negative) the same chain starts one
+// step earlier, at an HTTP client: the workers consume again, an idemq
+// gateway (package gateway, in process) publishes into the work queue, and
+// 16 clients POST payments to it, each under a key of its own, giving up
+// after 400ms and sending the same key again, as a browser's spinner or a
+// client library does. A quarter of the operations meet a slow card network
+// (their first run takes 1.2s inside the key's lease: the client times out,
+// its retry gets 409 with Retry-After, then the stored 202), some lose their
+// answer after the commit (the retry gets the replay) and some are double
+// clicks (two submissions at once). The report counts HTTP attempts, 202s
+// accepted and replayed, 409s, timeouts and lost answers, the messages the
+// gateway published (one per key, message_id = the key) and the ledger's
+// charges, which must equal the unique operations with none doubled.
 package demo

@@ -14,16 +14,17 @@ import (
 
 // Defaults used where Options leaves a field zero.
 const (
-	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
-	DefaultSchema      = "idemq_demo"
-	DefaultQueue       = "idemq.demo.payments"
-	DefaultPayments    = 3000
-	DefaultWorkers     = 3
-	DefaultConcurrency = 8
-	DefaultKillAt      = 0.4
-	DefaultTimeout     = 3 * time.Minute
-	DefaultConnectWait = 15 * time.Second
+	DefaultPostgresURL  = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultSchema       = "idemq_demo"
+	DefaultQueue        = "idemq.demo.payments"
+	DefaultPayments     = 3000
+	DefaultHTTPPayments = 300
+	DefaultWorkers      = 3
+	DefaultConcurrency  = 8
+	DefaultKillAt       = 0.4
+	DefaultTimeout      = 3 * time.Minute
+	DefaultConnectWait  = 15 * time.Second
 )
 
 // Environment variables read by Run.
@@ -65,6 +66,10 @@ type Options struct {
 	// Payments is the number of unique payments. Duplicates, bursts, key
 	// reuse, poison and bad keys come on top. Default 3000.
 	Payments int
+	// HTTPPayments is the number of unique payments of the HTTP part, sent
+	// through idemq gateway by clients that time out and retry. Default
+	// 300; negative skips the HTTP part.
+	HTTPPayments int
 	// Workers is the number of worker processes. Default 3.
 	Workers int
 	// Concurrency is the number of handlers in each worker. Default 8.
@@ -96,6 +101,7 @@ func (o Options) withDefaults() Options {
 	o.Schema = cmp.Or(o.Schema, DefaultSchema)
 	o.Queue = cmp.Or(o.Queue, DefaultQueue)
 	o.Payments = cmp.Or(o.Payments, DefaultPayments)
+	o.HTTPPayments = cmp.Or(o.HTTPPayments, DefaultHTTPPayments)
 	o.Workers = cmp.Or(o.Workers, DefaultWorkers)
 	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
 	o.KillAt = cmp.Or(o.KillAt, DefaultKillAt)

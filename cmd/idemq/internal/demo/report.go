@@ -80,6 +80,9 @@ type Report struct {
 	TraceLinkChecked bool
 	TraceLink        string
 
+	// HTTP is the HTTP part's outcome (nil when it did not run).
+	HTTP *HTTPReport
+
 	// Failures lists what broke the invariant; empty means OK.
 	Failures []string
 }
@@ -351,9 +354,16 @@ func (r Report) print(w io.Writer) {
 	}
 	line("elapsed", "%s", r.Elapsed.Round(100*time.Millisecond))
 	line("a duplicate in Jaeger", "%s", r.TraceLink)
+	if r.HTTP != nil {
+		r.HTTP.print(w)
+	}
 	fmt.Fprintln(w)
 	if r.OK() {
-		fmt.Fprintln(w, "OK: effects applied == unique keys processed, 0 doubled, 0 lost")
+		verdict := "OK: effects applied == unique keys processed, 0 doubled, 0 lost"
+		if r.HTTP != nil {
+			verdict += fmt.Sprintf("; HTTP: charges == unique operations (%d), 0 doubled", r.HTTP.Operations)
+		}
+		fmt.Fprintln(w, verdict)
 		return
 	}
 	fmt.Fprintln(w, "FAILED: "+strings.Join(r.Failures, "; "))

@@ -44,6 +44,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/relayrun"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/wire"
@@ -149,20 +150,10 @@ func (s *Stage) Ready() error { return s.consumer.Ready() }
 // lost), and Run returns nil. It returns an error only when the consumer
 // cannot start (for example, a queue declared with other arguments).
 func (s *Stage) Run(ctx context.Context) error {
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRelay()
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- s.relay.Run(relayCtx) }()
-
-	s.log.Info("forwarding")
-	err := s.consumer.Run(ctx)
-	if err == nil {
-		s.drain()
-	}
-	stopRelay()
-	if rerr := <-relayDone; rerr != nil {
-		err = errors.Join(err, rerr)
-	}
+	err := relayrun.Run(ctx, s.outbox, s.relay, s.cfg.DrainTimeout, s.log, func(ctx context.Context) error {
+		s.log.Info("forwarding")
+		return s.consumer.Run(ctx)
+	})
 	counts := s.Counts()
 	attrs := make([]any, 0, 2*len(counts))
 	for o, n := range counts {
@@ -170,26 +161,6 @@ func (s *Stage) Run(ctx context.Context) error {
 	}
 	s.log.Info("stopped", attrs...)
 	return err
-}
-
-// drain waits, bounded, until the outbox has no pending row.
-func (s *Stage) drain() {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		b, err := s.outbox.Pending(ctx)
-		if err == nil && b.Pending == 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			s.log.Warn("outbox not empty at shutdown; the next relay to run publishes the rest", "pending", b.Pending)
-			return
-		case <-tick.C:
-		}
-	}
 }
 
 // Handler returns the consumer handler of the stage: it enqueues the

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,16 +33,18 @@ type Report struct {
 	ResponseCode   *int       `json:"response_code"`
 	ResponseReason string     `json:"response_reason"`
 	ResponseSize   *int       `json:"response_size"`
-	RecoveryPoint  string     `json:"recovery_point"`
-	RecoveryDataSz int        `json:"recovery_data_size"`
-	Steps          []string   `json:"steps"`
-	Fingerprint    string     `json:"fingerprint"`
-	TraceID        string     `json:"trace_id"`
-	SpanID         string     `json:"span_id"`
-	TraceURL       string     `json:"trace_url"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	CompletedAt    *time.Time `json:"completed_at"`
+	// ResponseHeaders names the headers of a stored HTTP answer.
+	ResponseHeaders []string   `json:"response_headers,omitempty"`
+	RecoveryPoint   string     `json:"recovery_point"`
+	RecoveryDataSz  int        `json:"recovery_data_size"`
+	Steps           []string   `json:"steps"`
+	Fingerprint     string     `json:"fingerprint"`
+	TraceID         string     `json:"trace_id"`
+	SpanID          string     `json:"span_id"`
+	TraceURL        string     `json:"trace_url"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+	CompletedAt     *time.Time `json:"completed_at"`
 }
 
 // StateReleased is how a report shows an in-progress row whose holder gave
@@ -103,6 +107,7 @@ func NewReport(rec *dedup.Record, keyHash string, hashed bool, jaegerURL string)
 		r.Outcome, r.ResponseReason = string(rec.Result.Outcome), rec.Result.Reason
 		code, size := rec.Result.Code, len(rec.Result.Response)
 		r.ResponseCode, r.ResponseSize = &code, &size
+		r.ResponseHeaders = slices.Sorted(maps.Keys(rec.Result.Headers))
 	}
 	if strings.Trim(r.TraceID, "0") == "" {
 		// No tracer was installed when the key was first processed.

@@ -1,0 +1,47 @@
+// Package idemhttp is idemq's key store at the HTTP front door: a net/http
+// middleware that applies the Idempotency-Key protocol to requests, with the
+// same keys, leases, fencing and retention as the message consumers (package
+// dedup), so that one key travels from a client's retry to a worker's effect.
+//
+// # The protocol
+//
+// A request with a guarded method (default POST and PATCH) must carry an
+// Idempotency-Key header, validated like a message key (1 to 255 bytes of
+// UTF-8, no control characters); a missing or invalid key answers 400 with
+// an RFC 9457 problem body (application/problem+json) whose type links to
+// Config.DocURL. A route wrapped with Optional instead of Require lets a
+// request without a key through unguarded.
+//
+// The key is reserved, in its scope (Config.Consumer, the tenant of the
+// request, the key), before the handler runs:
+//
+//   - while another request with the key runs: 409 Conflict with Retry-After;
+//   - the key was used for another request (another method, path, query or
+//     body: another fingerprint): 422 Unprocessable Content;
+//   - the key is completed: its stored status, headers and body are replayed
+//     exactly, with Idempotent-Replayed: true, and the handler does not run;
+//   - else the handler runs, in a transaction (Tx), under a lease that a
+//     heartbeat extends.
+//
+// The handler writes its effects and its outbox messages (outbox.Enqueue
+// with r.Context() and Tx(r)) in the request's transaction and its answer to
+// the ResponseWriter, which holds it. When it returns, the middleware
+// decides: a result (Config.Stored; default 1xx–3xx and 402) is stored with
+// the key's completion in that transaction, which commits, and only then
+// does the answer leave; anything else (another 4xx: a request refused
+// before the operation ran; a 5xx; a panic; a timeout) rolls back, releases
+// the key and stores nothing, so that the retry, or the corrected request,
+// runs again. Keep and Discard decide for one response.
+//
+// The completion is fenced by the lease token: a handler so slow that its
+// lease was taken over cannot commit. Completed keys are kept for the
+// store's retention (dedup.Config.Retention, GC); a retry after it runs as
+// a new request. See docs/http.md for the table of situations.
+//
+// # Tenants
+//
+// Config.Tenant returns the tenant of a request from its authenticated
+// principal. By default every request is in the tenant "": the middleware
+// never takes a tenant from a header on its own, since any client can set
+// one.
+package idemhttp

@@ -1,0 +1,379 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/claim"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
+)
+
+// finishTimeout bounds the completion, the commit and the release of a
+// request once its handler returned, whatever became of the client.
+const finishTimeout = 10 * time.Second
+
+// Middleware applies the key store to HTTP requests. It is safe for
+// concurrent use; one Middleware serves any number of routes.
+type Middleware struct {
+	store         *dedup.Store
+	cfg           Config
+	omitted       map[string]struct{}
+	storedHeaders map[string]struct{}
+}
+
+// New returns a middleware over store's keys. A nil cfg is not enough:
+// Config.Consumer is required.
+func New(store *dedup.Store, cfg *Config) (*Middleware, error) {
+	if store == nil {
+		return nil, errors.New("idemhttp: nil store")
+	}
+	c, err := cfg.withDefaults(store)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	m := &Middleware{store: store, cfg: c, omitted: set(DefaultOmittedHeaders)}
+	if c.StoredHeaders != nil {
+		m.storedHeaders = set(c.StoredHeaders)
+		// The replay marker is the middleware's, never the handler's.
+		delete(m.storedHeaders, ReplayedHeader)
+	}
+	return m, nil
+}
+
+func set(names []string) map[string]struct{} {
+	out := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		out[http.CanonicalHeaderKey(n)] = struct{}{}
+	}
+	return out
+}
+
+// Config returns the middleware's configuration with defaults filled in.
+func (m *Middleware) Config() Config { return m.cfg }
+
+// Require guards next: a request with a guarded method must carry a valid
+// key, else it gets 400. It is the middleware, as func(http.Handler)
+// http.Handler.
+func (m *Middleware) Require(next http.Handler) http.Handler {
+	return m.handler(next, false)
+}
+
+// Optional guards next where the key is optional: a request that carries a
+// key is guarded as under Require (an invalid one gets 400), one without a
+// key runs unguarded, with no transaction (Tx returns nil).
+func (m *Middleware) Optional(next http.Handler) http.Handler {
+	return m.handler(next, true)
+}
+
+func (m *Middleware) handler(next http.Handler, optional bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(m.cfg.Methods, r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		values := r.Header.Values(m.cfg.Header)
+		if len(values) == 0 && optional {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if len(values) > 1 {
+			m.problem(w, http.StatusBadRequest, CodeKeyInvalid, "the "+m.cfg.Header+" header appears more than once", 0)
+			return
+		}
+		key := ""
+		if len(values) == 1 {
+			key = values[0]
+		}
+		if err := dedup.ValidateKey(key); err != nil {
+			if errors.Is(err, dedup.ErrKeyRequired) {
+				m.problem(w, http.StatusBadRequest, CodeKeyRequired, "this request needs an "+m.cfg.Header+" header: a unique key per operation, the same on every retry", 0)
+				return
+			}
+			m.problem(w, http.StatusBadRequest, CodeKeyInvalid, "the "+m.cfg.Header+" header must be 1 to 255 bytes of UTF-8 without control characters", 0)
+			return
+		}
+		m.serve(w, r, next, key)
+	})
+}
+
+// serve runs a guarded request whose key is valid.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key string) {
+	tenant, err := m.cfg.Tenant(r)
+	if err != nil {
+		m.problem(w, http.StatusUnauthorized, CodeUnauthenticated, "the request's principal is unknown", 0)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBody))
+	if err != nil {
+		if errors.As(err, new(*http.MaxBytesError)) {
+			m.problem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("the body is longer than %d bytes", m.cfg.MaxBody), 0)
+			return
+		}
+		m.problem(w, http.StatusBadRequest, CodeBodyUnreadable, "the body could not be read", 0)
+		return
+	}
+	fp, err := m.cfg.Fingerprint(r, body)
+	if err != nil {
+		m.problem(w, http.StatusBadRequest, CodeBodyUnreadable, "the operation's significant content could not be read from the body", 0)
+		return
+	}
+	scope := dedup.Scope{Consumer: m.cfg.Consumer, Tenant: tenant, Key: key}
+	c := dedup.Claim{Scope: scope, Fingerprint: fp, Lease: m.cfg.Lease}
+	if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
+		c.TraceID, c.SpanID = sc.TraceID().String(), sc.SpanID().String()
+	}
+	res, err := m.store.Reserve(r.Context(), c)
+	if err != nil {
+		m.log(r.Context(), scope, "reserve key", err)
+		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the key could not be reserved; retry with the same key", m.cfg.RetryAfter)
+		return
+	}
+	switch res.Decision {
+	case dedup.Duplicate:
+		stored := res.Record.Result
+		send(w, stored.Headers, stored.Code, stored.Response, true)
+		return
+	case dedup.Busy:
+		m.problem(w, http.StatusConflict, CodeKeyInProgress, "a request with this key is in progress; retry with the same key later", m.cfg.RetryAfter)
+		return
+	case dedup.KeyReuse:
+		m.problem(w, http.StatusUnprocessableEntity, CodeKeyReuse, "this key was first used for another request; use a new key for a new operation", 0)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	m.run(w, r, next, res.Lease)
+}
+
+// run runs the handler under the lease, in a transaction, and answers.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, lease *dedup.Lease) {
+	// The operation does not end when the client goes away (a client that
+	// timed out retries, and gets 409 until this one finishes, then its
+	// answer): only the timeout, or a lost lease, ends it.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	defer cancel(nil)
+	ctx, stop := context.WithTimeoutCause(ctx, m.cfg.Timeout, errTimeout)
+	defer stop()
+	finish, endFinish := context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
+	defer endFinish()
+
+	tx, err := m.store.Pool().Begin(ctx)
+	if err != nil {
+		m.log(ctx, lease.Scope, "begin", err)
+		m.release(finish, lease, "unavailable")
+		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not start; retry with the same key", m.cfg.RetryAfter)
+		return
+	}
+	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
+
+	stopBeat := m.heartbeat(ctx, lease, cancel)
+	st := &state{tx: requestTx{tx}}
+	ctx = context.WithValue(ctx, stateKey{}, st)
+	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
+	ctx = claim.With(ctx, claim.Claim{Consumer: lease.Consumer, Tenant: lease.Tenant, Key: lease.Key})
+	rec := newCapture()
+	panicked, abort := m.call(next, rec, r.WithContext(ctx))
+	stopBeat()
+
+	status := rec.code()
+	switch {
+	case abort != nil:
+		// http.ErrAbortHandler: the handler asked to drop the connection.
+		_ = tx.Rollback(finish)
+		m.release(finish, lease, "abort")
+		panic(abort)
+	case panicked:
+		m.release(finish, lease, "panic")
+		m.problem(w, http.StatusInternalServerError, CodeHandlerPanic, "the request failed; retry with the same key", 0)
+		return
+	case errors.Is(context.Cause(ctx), dedup.ErrLeaseLost):
+		// Another request took the key over: it is the one that runs now.
+		m.problem(w, http.StatusConflict, CodeLeaseLost, "the request took too long and another request with this key took over; retry with the same key later", m.cfg.RetryAfter)
+		return
+	case ctx.Err() != nil:
+		// A timeout: whatever the handler did rolls back, and the retry
+		// runs it again.
+		m.release(finish, lease, "timeout")
+		m.problem(w, http.StatusServiceUnavailable, CodeTimeout, "the request did not finish in time; retry with the same key", m.cfg.RetryAfter)
+		return
+	}
+	if !st.decide(m.cfg.Stored(status)) {
+		_ = tx.Rollback(finish)
+		m.release(finish, lease, fmt.Sprintf("http_%d", status))
+		send(w, rec.header, status, rec.body.Bytes(), false)
+		return
+	}
+	result := dedup.Result{Outcome: dedup.OutcomeOK, Code: status, Headers: m.stored(rec.header), Response: rec.body.Bytes()}
+	if status >= 400 {
+		result.Outcome, result.Reason = dedup.OutcomeRejected, http.StatusText(status)
+	}
+	err = m.store.Complete(finish, tx, lease, result)
+	if err == nil {
+		err = tx.Commit(finish)
+	}
+	switch {
+	case errors.Is(err, dedup.ErrLeaseLost):
+		m.problem(w, http.StatusConflict, CodeLeaseLost, "another request with this key took over; retry with the same key later", m.cfg.RetryAfter)
+		return
+	case err != nil:
+		// Rolled back (or, rarely, committed with the answer lost): the
+		// retry runs again, or replays what did commit.
+		m.log(ctx, lease.Scope, "commit", err)
+		m.release(finish, lease, "unavailable")
+		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not commit; retry with the same key", m.cfg.RetryAfter)
+		return
+	}
+	send(w, rec.header, status, rec.body.Bytes(), false)
+}
+
+var errTimeout = errors.New("the request timed out")
+
+// call runs the handler and reports whether it panicked. A panic with
+// http.ErrAbortHandler is returned as abort, for run to pass on once the
+// key is released.
+func (m *Middleware) call(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, abort any) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler { //nolint:errorlint // the sentinel is compared, as net/http does
+				abort = v
+				return
+			}
+			m.cfg.Logger.ErrorContext(r.Context(), "handler panicked", "consumer", m.cfg.Consumer, "key_hash", keyHash(r), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			panicked = true
+		}
+	}()
+	next.ServeHTTP(w, r)
+	return false, nil
+}
+
+func keyHash(r *http.Request) string {
+	if c, ok := claim.From(r.Context()); ok {
+		return dedup.Scope{Consumer: c.Consumer, Tenant: c.Tenant, Key: c.Key}.KeyHash()
+	}
+	return ""
+}
+
+// heartbeat extends the lease every third of it until stopped; when the
+// lease is lost it cancels the handler's context with ErrLeaseLost.
+func (m *Middleware) heartbeat(ctx context.Context, lease *dedup.Lease, cancel context.CancelCauseFunc) (stop func()) {
+	period := m.cfg.Lease / 3
+	ctx, end := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			bctx, bcancel := context.WithTimeout(ctx, period)
+			err := m.store.Extend(bctx, lease, m.cfg.Lease)
+			bcancel()
+			switch {
+			case errors.Is(err, dedup.ErrLeaseLost):
+				cancel(fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost))
+				return
+			case err != nil && ctx.Err() == nil:
+				m.log(ctx, lease.Scope, "lease heartbeat", err)
+			}
+		}
+	}()
+	return func() { end(); <-done }
+}
+
+// release gives the key up and leaves nothing of the attempt behind
+// (dedup.Store.Forget): the key is absent again, so that the retry runs the
+// request again, and so does a corrected request (another fingerprint) with
+// the same key. why says what ended the attempt, for the log.
+func (m *Middleware) release(ctx context.Context, lease *dedup.Lease, why string) {
+	if err := m.store.Forget(ctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		// The lease expires by itself: a retry waits for it at most.
+		m.log(ctx, lease.Scope, "release key after "+why, err)
+	}
+}
+
+func (m *Middleware) log(ctx context.Context, sc dedup.Scope, what string, err error) {
+	m.cfg.Logger.WarnContext(ctx, "idempotency: "+what, "consumer", sc.Consumer, "key_hash", sc.KeyHash(), "err", redact.Error(err))
+}
+
+// ErrTxOwned is what Commit and Rollback of the transaction Tx returns
+// give: the middleware ends it, with the key's completion.
+var ErrTxOwned = errors.New("idemhttp: the request's transaction is committed by the middleware, with the key's completion")
+
+// requestTx is the handler's view of the request's transaction: everything
+// but ending it (savepoints from Begin may be committed and rolled back).
+type requestTx struct{ pgx.Tx }
+
+func (requestTx) Commit(context.Context) error   { return ErrTxOwned }
+func (requestTx) Rollback(context.Context) error { return ErrTxOwned }
+
+// state is what a guarded request's context carries: its transaction and
+// the handler's own decision to store its response or not.
+type state struct {
+	tx pgx.Tx
+	// keep is 0 (Config.Stored decides), +1 (Keep) or -1 (Discard).
+	keep int
+}
+
+func (s *state) decide(byStatus bool) bool {
+	switch s.keep {
+	case 1:
+		return true
+	case -1:
+		return false
+	}
+	return byStatus
+}
+
+type stateKey struct{}
+
+func stateOf(r *http.Request) *state {
+	st, _ := r.Context().Value(stateKey{}).(*state)
+	return st
+}
+
+// Tx returns the transaction of a guarded request: the handler's writes and
+// outbox messages go into it, and the middleware commits it together with
+// the key's completion, before the response leaves (or rolls it back when
+// the response is not stored). Its Commit and Rollback return ErrTxOwned;
+// savepoints (Begin) work as usual. It is nil where the request is not guarded (a
+// method the middleware does not guard, or Optional without a key).
+func Tx(r *http.Request) pgx.Tx {
+	if st := stateOf(r); st != nil {
+		return st.tx
+	}
+	return nil
+}
+
+// Keep marks the response of a guarded request as the operation's result,
+// stored and replayed whatever its status (a 409 "order already shipped"
+// that a retry would not change). Outside a guarded request it does nothing.
+func Keep(r *http.Request) {
+	if st := stateOf(r); st != nil {
+		st.keep = 1
+	}
+}
+
+// Discard marks the response of a guarded request as no result: the
+// transaction rolls back, the key is released, and a retry runs again,
+// whatever its status (a 200 that reports a failure in its body). Outside a
+// guarded request it does nothing.
+func Discard(r *http.Request) {
+	if st := stateOf(r); st != nil {
+		st.keep = -1
+	}
+}
