@@ -21,7 +21,7 @@ export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 # (integration/browser) are five modules tied by go.work; a pattern names each.
 PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integration/browser/...
 
-.PHONY: help up test lint demo bench chaos fuzz build jaeger tidy
+.PHONY: help up test lint demo bench scale chaos fuzz build jaeger tidy
 
 help: ## Show this list of targets
 	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
@@ -71,6 +71,20 @@ demo: up ## Run the payments scenario end to end (idemq demo), traced into the l
 
 bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--full for the 50,000-message run
 	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)
+
+# make scale: one simulated day of keys, then SCALE_CYCLES cycles of a worker
+# at SCALE_RATE operations/s while GC retires as many (docs/operations.md).
+# Develop with e.g. make scale SCALE_KEYS=200000 SCALE_CYCLE=20s.
+SCALE_KEYS ?= 10000000
+SCALE_CYCLES ?= 6
+SCALE_CYCLE ?= 1m
+SCALE_RATE ?= 400
+# GC vacuums each table after deleting: the CI Postgres runs with autovacuum
+# off; where it is on, SCALE_ARGS= measures autovacuum alone.
+SCALE_ARGS ?= --vacuum
+
+scale: up ## Retention at size: load 10 M keys (SCALE_KEYS), run a worker while GC retires as many, print a table per cycle (under 30 min)
+	$(GO) run ./cmd/idemq scale --keys $(SCALE_KEYS) --cycles $(SCALE_CYCLES) --cycle $(SCALE_CYCLE) --rate $(SCALE_RATE) $(SCALE_ARGS) $(ARGS)
 
 chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
 	$(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) ./integration/chaos/...

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/idemq/idemq/dedup/schema"
 )
 
@@ -13,6 +15,10 @@ const (
 	DefaultLease       = 30 * time.Second
 	DefaultRetention   = 24 * time.Hour
 	DefaultGCBatchSize = 1000
+	// DefaultGCPause is the pause `idemq gc` takes after each full batch
+	// (GCOptions.Pause): it keeps GC from raising the workers' p99 by more
+	// than a few percent while it works off a backlog (docs/operations.md).
+	DefaultGCPause = 250 * time.Millisecond
 	// MaxKeyLen is the longest key accepted, in bytes.
 	MaxKeyLen = 255
 	// maxReserveRounds bounds the reserve loop when the row vanishes (GC) or
@@ -40,6 +46,9 @@ type Config struct {
 	// that into a retry, never a double effect. Completions are always as
 	// durable as the handler's transaction.
 	DurableReservations bool
+	// MeterProvider makes the metrics of GC (idemq.gc.*, see
+	// docs/observability.md). Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 	// HashKeys stores SHA-256 of each key instead of the key itself, so that
 	// personal data put into keys by careless publishers stays out of the table.
 	HashKeys bool

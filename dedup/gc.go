@@ -1,13 +1,18 @@
 package dedup
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/internal/sweep"
 )
 
-// gcLock is the advisory lock that keeps GC to one instance at a time.
-const gcLock = int64(0x1de3_0002)
+// gcLock is the class of the advisory lock that keeps GC to one instance at
+// a time per schema: the lock is (gcLock, hashtext(schema)), so that the GCs
+// of two schemas in one database do not skip each other.
+const gcLock = int32(0x1de3_0002)
 
 // GCResult counts what one GC run deleted.
 type GCResult struct {
@@ -16,18 +21,56 @@ type GCResult struct {
 	// Abandoned is the number of in-progress keys whose lease expired more
 	// than the retention ago (workers that died and were never redelivered).
 	Abandoned int64
+	// Batches counts the DELETE statements the run made.
+	Batches int
+	// Vacuumed is how long the VACUUM after the deletes took (GCOptions.Vacuum).
+	Vacuumed time.Duration
+	// Behind is how far the oldest key still due lies past the retention
+	// horizon when the run ended (by its creation time): 0 when the run left
+	// nothing due. It grows run after run when GC does not keep up.
+	Behind time.Duration
 	// Skipped reports that another instance held the GC lock, so nothing ran.
 	Skipped bool
 }
 
+// GCOptions bound and pace one GC run. The zero value runs with the store's
+// retention and batch size until nothing is due.
+type GCOptions struct {
+	// Retention overrides the store's when positive.
+	Retention time.Duration
+	// Batch overrides the store's GCBatchSize when positive.
+	Batch int
+	// Pause is how long the run waits after each full batch: a backlog is
+	// then worked off at most Batch rows per Pause, leaving the database
+	// to the workers in between. 0: no pause.
+	Pause time.Duration
+	// MaxBatches ends the run after that many DELETE statements, keys left
+	// due or not (GCResult.Behind then says how far behind). 0: no bound.
+	MaxBatches int
+	// Vacuum runs VACUUM on the key table after a run that deleted keys,
+	// throttled as autovacuum is, so that their space is reused at once
+	// rather than when autovacuum comes by (never, where it is off). It
+	// needs the table's owner (the role that migrated the schema).
+	Vacuum bool
+}
+
 // GC deletes completed keys older than the retention and leases abandoned
-// for longer than the retention, in batches of GCBatchSize rows, each its own
-// short statement, so that no long lock is held. Only one instance works at a
-// time (an advisory lock); the others return Skipped. A positive retention
-// overrides the store's.
+// for longer than the retention, oldest first, in batches of GCBatchSize
+// rows, each its own short statement, so that no long lock is held. Only one
+// instance works on a schema at a time (an advisory lock); the others return
+// Skipped. A
+// positive retention overrides the store's. See GCWith.
 func (s *Store) GC(ctx context.Context, retention time.Duration) (GCResult, error) {
-	if retention <= 0 {
-		retention = s.cfg.Retention
+	return s.GCWith(ctx, GCOptions{Retention: retention})
+}
+
+// GCWith is GC bounded and paced by o. It records the metrics idemq.gc.*
+// (rows deleted, batches, time behind the horizon, run time) on the store's
+// MeterProvider, with idemq.gc.table = keys.
+func (s *Store) GCWith(ctx context.Context, o GCOptions) (GCResult, error) {
+	retention := s.cfg.Retention
+	if o.Retention > 0 {
+		retention = o.Retention
 	}
 	var res GCResult
 	conn, err := s.pool.Acquire(ctx)
@@ -36,7 +79,7 @@ func (s *Store) GC(ctx context.Context, retention time.Duration) (GCResult, erro
 	}
 	defer conn.Release()
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", gcLock).Scan(&locked); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", gcLock, s.cfg.Schema).Scan(&locked); err != nil {
 		return res, fmt.Errorf("gc: lock: %w", err)
 	}
 	if !locked {
@@ -44,22 +87,29 @@ func (s *Store) GC(ctx context.Context, retention time.Duration) (GCResult, erro
 		return res, nil
 	}
 	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", gcLock)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, hashtext($2))", gcLock, s.cfg.Schema)
 	}()
-	for _, step := range []struct {
-		sql   string
-		count *int64
-	}{{s.sql.gcCompleted, &res.Completed}, {s.sql.gcAbandoned, &res.Abandoned}} {
-		for {
-			tag, err := conn.Exec(ctx, step.sql, retention.Microseconds(), s.cfg.GCBatchSize)
-			if err != nil {
-				return res, interpretError("gc: delete", err)
-			}
-			*step.count += tag.RowsAffected()
-			if tag.RowsAffected() < int64(s.cfg.GCBatchSize) {
-				break
-			}
-		}
+	r, err := sweep.Run(ctx, conn, s.gcMetrics, []sweep.Step{
+		{Kind: "completed", SQL: s.sql.gcCompleted},
+		{Kind: "abandoned", SQL: s.sql.gcAbandoned},
+	}, s.sql.gcBehind, sweep.Options{
+		Retention:  retention,
+		Batch:      cmp.Or(max(o.Batch, 0), s.cfg.GCBatchSize),
+		Pause:      o.Pause,
+		MaxBatches: o.MaxBatches,
+		Vacuum:     vacuumTable(o.Vacuum, s.sql.table),
+	})
+	res.Completed, res.Abandoned, res.Batches, res.Behind, res.Vacuumed = r.Deleted[0], r.Deleted[1], r.Batches, r.Behind, r.Vacuumed
+	if err != nil {
+		return res, interpretError("gc", err)
 	}
 	return res, nil
+}
+
+// vacuumTable is table when on, else "" (no VACUUM).
+func vacuumTable(on bool, table string) string {
+	if on {
+		return table
+	}
+	return ""
 }

@@ -5,7 +5,7 @@ import "strings"
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
 	reserve, complete, release, forget, extend, inspect, checkpoint string
-	gcCompleted, gcAbandoned                                        string
+	gcCompleted, gcAbandoned, gcBehind                              string
 	reserveBatch, inspectBatch, extendBatch, completeBatch          string
 	headerKeys                                                      string
 	releaseBatch                                                    string
@@ -14,6 +14,8 @@ type statements struct {
 	// Store.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
 	reserveHeld, reserveBatchHeld, completeHeld, completeBatchHeld string
+	// table is the key table's quoted name.
+	table string
 }
 
 func newStatements(schema string, durable bool) statements {
@@ -28,6 +30,7 @@ func newStatements(schema string, durable bool) statements {
 		async, from = "", ""
 	}
 	st := statements{
+		table: t,
 		stats: statsSQL(t),
 		// One statement decides the race: insert, or take over an expired
 		// lease of the same operation, or return nothing.
@@ -140,18 +143,34 @@ WHERE k.lease_token = c.token AND k.state = 'in_progress'
 		// The key that signs first comes first (see HeaderKeys).
 		headerKeys: `SELECT secret, signs_from FROM ` + schema + `.header_keys ORDER BY signs_from DESC, id DESC`,
 
-		// Bounded batches; SKIP LOCKED keeps GC out of the way of workers.
+		// Bounded batches, oldest first (the created_at index, in order, so
+		// that the deleted rows sit together and the time GC is behind
+		// shrinks as it works); SKIP LOCKED keeps GC out of the way of workers.
 		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
     SELECT consumer, tenant, key FROM ` + t + `
     WHERE created_at < now() - $1::bigint * interval '1 microsecond'
       AND state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY created_at
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 
 		gcAbandoned: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
     SELECT consumer, tenant, key FROM ` + t + `
     WHERE created_at < now() - $1::bigint * interval '1 microsecond'
       AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
+    ORDER BY created_at
     LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+
+		// How far past the horizon the oldest key still due was created, in
+		// microseconds (0 when none is): the first due row of the created_at
+		// index, so it costs one index probe while GC keeps up.
+		gcBehind: `SELECT coalesce((
+    SELECT (extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - created_at) * 1e6)::bigint
+    FROM ` + t + `
+    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+      AND ((state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond')
+        OR (state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'))
+    ORDER BY created_at
+    LIMIT 1), 0)`,
 	}
 	st.reserveHeld, st.reserveBatchHeld = presumeCompleted(st.reserve), presumeCompleted(st.reserveBatch)
 	// A held row is the caller's transaction's own (it wrote the row, and

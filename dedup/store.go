@@ -12,7 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/sweep"
 )
+
+// instrumentation is the name of the store's meter.
+const instrumentation = "github.com/idemq/idemq/dedup"
 
 // Store is the Postgres key store. It is safe for concurrent use.
 type Store struct {
@@ -23,6 +27,8 @@ type Store struct {
 	// asynchronous, whatever DurableReservations says, since a setting
 	// made in the caller's transaction would last until its COMMIT.
 	inTx statements
+
+	gcMetrics *sweep.Metrics
 }
 
 // NewStore returns a store over pool. A nil cfg means defaults. The tables
@@ -36,8 +42,12 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
+	m, err := sweep.NewMetrics(c.MeterProvider, instrumentation, c.Schema, "keys")
+	if err != nil {
+		return nil, fmt.Errorf("dedup: metrics: %w", err)
+	}
 	schema := pgx.Identifier{c.Schema}.Sanitize()
-	return &Store{pool: pool, cfg: c, sql: newStatements(schema, c.DurableReservations), inTx: newStatements(schema, true)}, nil
+	return &Store{pool: pool, cfg: c, sql: newStatements(schema, c.DurableReservations), inTx: newStatements(schema, true), gcMetrics: m}, nil
 }
 
 // Config returns the store's configuration with defaults filled in.

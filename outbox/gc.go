@@ -5,47 +5,104 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/internal/sweep"
 )
 
 // DefaultGCBatchSize bounds the rows one GC statement deletes.
 const DefaultGCBatchSize = 1000
 
+// GCOptions bound and pace one GC run.
+type GCOptions struct {
+	// Retention is the age beyond which published (or, for GCParked,
+	// parked) rows are deleted. Required.
+	Retention time.Duration
+	// Batch is the most rows one statement deletes (0 = DefaultGCBatchSize).
+	Batch int
+	// Pause is how long the run waits after each full batch. 0: no pause.
+	Pause time.Duration
+	// MaxBatches ends the run after that many statements, rows left due or
+	// not. 0: no bound.
+	MaxBatches int
+	// Vacuum runs VACUUM on the outbox table after a run that deleted rows,
+	// throttled as autovacuum is, so that their space is reused at once. It
+	// needs the table's owner (the role that migrated the schema).
+	Vacuum bool
+}
+
+// GCResult is what one GC run did.
+type GCResult struct {
+	// Deleted counts the rows deleted.
+	Deleted int64
+	// Batches counts the DELETE statements the run made.
+	Batches int
+	// Vacuumed is how long the VACUUM after the deletes took (GCOptions.Vacuum).
+	Vacuumed time.Duration
+	// Behind is how far the oldest row still due lies past the retention
+	// horizon when the run ended: 0 when the run left nothing due.
+	Behind time.Duration
+}
+
 // GC deletes published rows whose publication is older than retention, in
-// statements of at most batch rows (0 = DefaultGCBatchSize), each short, so
-// no long lock is held. It returns how many rows it deleted. Parked rows are
-// never deleted here: they wait for an operator (see Unpark and GCParked).
+// statements of at most batch rows (0 = DefaultGCBatchSize), oldest first,
+// each short, so no long lock is held. It returns how many rows it deleted.
+// Parked rows are never deleted here: they wait for an operator (see Unpark
+// and GCParked). See GCWith.
 func (o *Outbox) GC(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	return o.gc(ctx, "published_at", retention, batch)
+	r, err := o.GCWith(ctx, GCOptions{Retention: retention, Batch: batch})
+	return r.Deleted, err
+}
+
+// GCWith is GC bounded and paced by opts. It records the metrics idemq.gc.*
+// (rows deleted, batches, time behind the horizon, run time) on the
+// outbox's MeterProvider, with idemq.gc.table = outbox.
+func (o *Outbox) GCWith(ctx context.Context, opts GCOptions) (GCResult, error) {
+	return o.gc(ctx, "published", "published_at", opts)
 }
 
 // GCParked deletes parked rows parked longer ago than retention, in batches
 // like GC. It drops messages that were never published: run it only on
 // purpose.
 func (o *Outbox) GCParked(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	return o.gc(ctx, "parked_at", retention, batch)
+	r, err := o.gc(ctx, "parked", "parked_at", GCOptions{Retention: retention, Batch: batch})
+	return r.Deleted, err
 }
 
-func (o *Outbox) gc(ctx context.Context, column string, retention time.Duration, batch int) (int64, error) {
-	batch = cmp.Or(batch, DefaultGCBatchSize)
-	if retention < 0 || batch < 1 {
-		return 0, fmt.Errorf("outbox: gc: retention %s and batch %d must not be negative", retention, batch)
+func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions) (GCResult, error) {
+	opts.Batch = cmp.Or(opts.Batch, DefaultGCBatchSize)
+	if opts.Retention < 0 || opts.Batch < 1 {
+		return GCResult{}, fmt.Errorf("outbox: gc: retention %s and batch %d must not be negative", opts.Retention, opts.Batch)
 	}
-	// SKIP LOCKED keeps GC out of the relays' way.
-	sql := `DELETE FROM ` + o.table + ` WHERE id IN (
+	// A zero retention deletes everything due now; sweep wants it positive.
+	retention := max(opts.Retention, time.Microsecond)
+	horizon := column + ` < now() - $1::bigint * interval '1 microsecond'`
+	// Oldest first through the column's index; SKIP LOCKED keeps GC out of
+	// the relays' way.
+	del := `DELETE FROM ` + o.table + ` WHERE id IN (
     SELECT id FROM ` + o.table + `
-    WHERE ` + column + ` < now() - $1::bigint * interval '1 microsecond'
+    WHERE ` + horizon + `
+    ORDER BY ` + column + `
     LIMIT $2 FOR UPDATE SKIP LOCKED)`
-	var total int64
-	for {
-		tag, err := o.pool.Exec(ctx, sql, retention.Microseconds(), batch)
-		if err != nil {
-			return total, fmt.Errorf("outbox: gc: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
-			return total, nil
-		}
+	behind := `SELECT coalesce((
+    SELECT (extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - ` + column + `) * 1e6)::bigint
+    FROM ` + o.table + ` WHERE ` + horizon + `
+    ORDER BY ` + column + ` LIMIT 1), 0)`
+	// One connection for the run: VACUUM's throttle is a session setting.
+	conn, err := o.pool.Acquire(ctx)
+	if err != nil {
+		return GCResult{}, fmt.Errorf("outbox: gc: acquire connection: %w", err)
 	}
+	defer conn.Release()
+	sw := sweep.Options{Retention: retention, Batch: opts.Batch, Pause: opts.Pause, MaxBatches: opts.MaxBatches}
+	if opts.Vacuum {
+		sw.Vacuum = o.table
+	}
+	r, err := sweep.Run(ctx, conn, o.gcMetrics, []sweep.Step{{Kind: kind, SQL: del}}, behind, sw)
+	res := GCResult{Deleted: r.Deleted[0], Batches: r.Batches, Behind: r.Behind, Vacuumed: r.Vacuumed}
+	if err != nil {
+		return res, fmt.Errorf("outbox: gc: %w", err)
+	}
+	return res, nil
 }
 
 // Unpark makes parked rows pending again, with their return count reset,

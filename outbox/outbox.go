@@ -12,11 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/propagator"
+	"github.com/idemq/idemq/internal/sweep"
 )
 
 // Message is one message to publish. Only Exchange or RoutingKey, and Body,
@@ -60,6 +62,10 @@ type Config struct {
 	// TraceContext + Baggage. Only its traceparent and tracestate fields are
 	// stored, so it should speak W3C Trace Context.
 	Propagator propagation.TextMapPropagator
+	// MeterProvider makes the metrics of GC (idemq.gc.*, see
+	// docs/observability.md). Default otel.GetMeterProvider(). A Relay
+	// takes its own from RelayConfig.
+	MeterProvider metric.MeterProvider
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -86,6 +92,8 @@ type Outbox struct {
 	cfg    Config
 	table  string
 	insert string
+
+	gcMetrics *sweep.Metrics
 }
 
 // New returns the outbox in pool's database. A nil cfg means defaults. The
@@ -99,10 +107,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	table := pgx.Identifier{c.Schema, "outbox"}.Sanitize()
+	m, err := sweep.NewMetrics(c.MeterProvider, instrumentationName, c.Schema, "outbox")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: metrics: %w", err)
+	}
 	return &Outbox{
-		pool:  pool,
-		cfg:   c,
-		table: table,
+		pool:      pool,
+		cfg:       c,
+		table:     table,
+		gcMetrics: m,
 		insert: `INSERT INTO ` + table + ` (` + columnList + `)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
 	}, nil

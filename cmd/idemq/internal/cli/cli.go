@@ -204,6 +204,7 @@ Exit codes: 0 success, 1 run-time failure, 2 bad usage.`,
 		a.publishCommand(),
 		a.demoCommand(),
 		a.benchCommand(),
+		a.scaleCommand(),
 		a.versionCommand(),
 	)
 	return root

@@ -1,0 +1,282 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/outbox"
+)
+
+// Cycle is what one cycle measured.
+type Cycle struct {
+	N int
+	// Worker is the worker's view, per phase (without GC, with GC).
+	Ops      [phases]int
+	Secs     [phases]float64
+	P50, P99 [phases]time.Duration
+	Errors   [phases]int
+	LockWait [phases]time.Duration
+	// LockKind is the locktype of the longest wait (pg_locks).
+	LockKind [phases]string
+	Missed   int
+	// GC: keys and outbox rows deleted, and how long each took.
+	GCKeys, GCOutbox         int64
+	GCKeysTook, GCOutboxTook time.Duration
+	// Vacuumed is the time GC's VACUUMs took, in both tables (Options.GCVacuum).
+	Vacuumed time.Duration
+	// Behind is how far the oldest key still due lay past the horizon when
+	// GC ended (0 when GC kept up), as GC reports it.
+	Behind time.Duration
+	Sizes  Sizes
+	Load1  string
+}
+
+// Sizes are the storage figures of both tables.
+type Sizes struct {
+	Keys, Outbox Table
+}
+
+// Table is one table's storage and vacuum figures.
+type Table struct {
+	Heap, Indexes, Total int64
+	Live, Dead           int64
+	// Autovacuums and Vacuums count the table's autovacuum and VACUUM runs.
+	Autovacuums, Vacuums int64
+	Vacuuming            bool
+}
+
+func sizes(ctx context.Context, pool *pgxpool.Pool, schema string) (Sizes, error) {
+	var s Sizes
+	for name, t := range map[string]*Table{"keys": &s.Keys, "outbox": &s.Outbox} {
+		err := pool.QueryRow(ctx, `SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
+    coalesce(st.n_live_tup, 0), coalesce(st.n_dead_tup, 0), coalesce(st.autovacuum_count, 0), coalesce(st.vacuum_count, 0),
+    EXISTS (SELECT FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid
+WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.Heap, &t.Indexes, &t.Total, &t.Live, &t.Dead, &t.Autovacuums, &t.Vacuums, &t.Vacuuming)
+		if err != nil {
+			return s, fmt.Errorf("scale: sizes of %s: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+// cycles runs the worker for o.Cycles cycles; in each, GC runs once, from
+// the middle of the cycle, asked to retire what the worker added so far.
+func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, error) {
+	store, err := newStore(p.worker, o)
+	if err != nil {
+		return nil, err
+	}
+	ob, err := newOutbox(p.worker, o)
+	if err != nil {
+		return nil, err
+	}
+	gcStore, err := newStore(p.gc, o)
+	if err != nil {
+		return nil, err
+	}
+	gcOutbox, err := newOutbox(p.gc, o)
+	if err != nil {
+		return nil, err
+	}
+	rec := &recorder{}
+	w := &worker{o: o, pool: p.worker, store: store, ob: ob, rec: rec}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.run(wctx) })
+	wg.Go(func() { markPublished(wctx, p.admin, o) })
+	wg.Go(func() { sampleLockWaits(wctx, p.admin, rec) })
+	defer func() { stop(); wg.Wait() }()
+
+	var res []Cycle
+	for n := 1; n <= o.Cycles; n++ {
+		start := time.Now()
+		c := Cycle{N: n}
+		// First half: the worker alone.
+		if err := sleep(ctx, o.Cycle/2); err != nil {
+			return res, err
+		}
+		// GC, asked to retire as many of the oldest keys as the worker
+		// added: the horizon moves to the creation time of the key that
+		// many places into the day.
+		retireTo := min(int(w.inserted.Load()), o.Keys)
+		w.retired.Store(int64(retireTo))
+		var now time.Time
+		if err := p.gc.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+			return res, fmt.Errorf("scale: clock: %w", err)
+		}
+		retention := now.Sub(l.at(retireTo, o.Keys))
+		gcStart := time.Now()
+		rec.phase.Store(phaseGC)
+		keys, err := gcStore.GCWith(ctx, dedup.GCOptions{Retention: retention, Pause: o.GCPause, Vacuum: o.GCVacuum})
+		c.GCKeysTook = time.Since(gcStart)
+		if err != nil {
+			return res, err
+		}
+		c.GCKeys = keys.Completed + keys.Abandoned
+		c.Vacuumed = keys.Vacuumed
+		c.Behind = keys.Behind
+		obStart := time.Now()
+		obRes, err := gcOutbox.GCWith(ctx, outbox.GCOptions{Retention: retention, Batch: o.GCBatch, Pause: o.GCPause, Vacuum: o.GCVacuum})
+		c.GCOutboxTook = time.Since(obStart)
+		c.GCOutbox = obRes.Deleted
+		c.Vacuumed += obRes.Vacuumed
+		rec.phase.Store(phaseQuiet)
+		if err != nil {
+			return res, err
+		}
+		gcTook := time.Since(gcStart)
+		// The rest of the cycle: the worker alone again.
+		if err := sleep(ctx, time.Until(start.Add(o.Cycle))); err != nil {
+			return res, err
+		}
+		win := rec.take()
+		quiet := time.Since(start) - gcTook
+		c.Secs = [phases]float64{quiet.Seconds(), gcTook.Seconds()}
+		for ph := range phases {
+			c.Ops[ph] = len(win.lat[ph])
+			c.P50[ph], c.P99[ph] = quantile(win.lat[ph], 0.5), quantile(win.lat[ph], 0.99)
+			c.Errors[ph] = win.errs[ph]
+			c.LockWait[ph], c.LockKind[ph] = win.wait[ph], win.waitKind[ph]
+		}
+		c.Missed = win.missed
+		if c.Sizes, err = sizes(ctx, p.admin, o.Schema); err != nil {
+			return res, err
+		}
+		c.Load1 = loadAverage()
+		res = append(res, c)
+		fmt.Fprintf(o.Log, "cycle %d: %s\n", n, strings.ReplaceAll(c.line(), "\t", " "))
+	}
+	return res, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// loadAverage is the one-minute load average, "?" where it cannot be read.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}
+
+// printCycles prints the per-cycle table.
+func printCycles(out io.Writer, cs []Cycle) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tbehind\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
+	for _, c := range cs {
+		fmt.Fprintln(tw, c.line())
+	}
+	_ = tw.Flush()
+}
+
+func (c Cycle) rate(ph int) float64 {
+	if c.Secs[ph] <= 0 {
+		return 0
+	}
+	return float64(c.Ops[ph]) / c.Secs[ph]
+}
+
+func (c Cycle) line() string {
+	d := 0.0
+	if c.P99[phaseQuiet] > 0 {
+		d = 100 * (float64(c.P99[phaseGC]) - float64(c.P99[phaseQuiet])) / float64(c.P99[phaseQuiet])
+	}
+	k, ob := c.Sizes.Keys, c.Sizes.Outbox
+	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
+		c.N, c.rate(phaseQuiet), ms(c.P99[phaseQuiet]), c.rate(phaseGC), ms(c.P99[phaseGC]), d,
+		c.lockWait(phaseQuiet), c.lockWait(phaseGC),
+		c.GCKeys, perSec(c.GCKeys, c.GCKeysTook), c.GCOutbox, perSec(c.GCOutbox, c.GCOutboxTook),
+		c.Vacuumed.Round(100*time.Millisecond), c.Behind.Round(time.Second),
+		mb(k.Heap), mb(k.Indexes), k.Dead, k.Autovacuums, k.Vacuums, running(k.Vacuuming),
+		mb(ob.Heap), mb(ob.Indexes), ob.Dead, ob.Autovacuums, ob.Vacuums, running(ob.Vacuuming), c.Load1)
+}
+
+// lockWait is the longest lock wait of a phase and its lock type.
+func (c Cycle) lockWait(ph int) string {
+	if c.LockWait[ph] == 0 {
+		return "0"
+	}
+	return ms(c.LockWait[ph]) + " " + c.LockKind[ph]
+}
+
+func running(b bool) string {
+	if b {
+		return "*"
+	}
+	return ""
+}
+
+func perSec(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+}
+
+func mb(b int64) string {
+	return fmt.Sprintf("%.0fM", float64(b)/(1<<20))
+}
+
+func printHeader(out io.Writer, o Options, r Result) {
+	fmt.Fprintf(out, "scale: %d keys and %d outbox rows over a simulated day (schema %s), loaded in %s\n",
+		r.Load.Keys, r.Load.Outbox, o.Schema, r.Load.Took.Round(time.Second))
+	fmt.Fprintf(out, "worker: %d ops/s on %d connections, %.0f%% duplicates; GC: batch %d, pause %s, vacuum %v, once a cycle of %s from its middle\n",
+		o.Rate, o.Concurrency, 100*o.Duplicates, o.GCBatch, o.GCPause, o.GCVacuum, o.Cycle)
+	fmt.Fprintln(out)
+}
+
+func (s Sizes) String() string {
+	return fmt.Sprintf("keys heap %s idx %s (%d live, %d dead); outbox heap %s idx %s (%d live, %d dead)",
+		mb(s.Keys.Heap), mb(s.Keys.Indexes), s.Keys.Live, s.Keys.Dead,
+		mb(s.Outbox.Heap), mb(s.Outbox.Indexes), s.Outbox.Live, s.Outbox.Dead)
+}
+
+func printSummary(out io.Writer, r Result) {
+	if len(r.Cycles) == 0 {
+		return
+	}
+	last := r.Cycles[len(r.Cycles)-1]
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "start: %s\n", r.Start)
+	fmt.Fprintf(out, "end:   %s\n", last.Sizes)
+	var errs, missed int
+
+	for _, c := range r.Cycles {
+		errs += c.Errors[phaseQuiet] + c.Errors[phaseGC]
+		missed += c.Missed
+	}
+	fmt.Fprintf(out, "rows at the end: %d keys, %d outbox rows (loaded %d and %d)\n", r.EndKeys, r.EndOutbox, r.Load.Keys, r.Load.Outbox)
+	fmt.Fprintf(out, "worker errors %d, operations missed by the pacer %d\n", errs, missed)
+}

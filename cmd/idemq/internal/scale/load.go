@@ -1,0 +1,159 @@
+package scale
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// day is the span the loaded keys cover.
+const day = 24 * time.Hour
+
+// consumers and tenants are the scopes the keys are spread over.
+var consumers = []string{"payments", "ledger", "notify", "audit"}
+
+const tenants = 50
+
+// LoadResult is what the load did, and the simulated day it laid out.
+type LoadResult struct {
+	// Base is the database time at the load: the day covers [Base-24h, Base).
+	Base time.Time
+	// Keys and Outbox are the rows loaded.
+	Keys, Outbox int
+	// Took, KeysTook and OutboxTook are the wall times of the load (the two
+	// tables load side by side).
+	Took, KeysTook, OutboxTook time.Duration
+}
+
+// at is the creation time of the i-th of n rows of the day.
+func (l LoadResult) at(i, n int) time.Time {
+	return l.Base.Add(-day + time.Duration(float64(day)*float64(i)/float64(n)))
+}
+
+// scopeOf is the i-th loaded key's scope: deterministic, so that the worker
+// can send a duplicate of any stored key without reading it first.
+func scopeOf(i int) dedup.Scope {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(i))
+	sum := sha256.Sum256(b[:])
+	return dedup.Scope{
+		Consumer: consumers[i%len(consumers)],
+		Tenant:   fmt.Sprintf("tenant-%02d", (i/len(consumers))%tenants),
+		Key:      hex.EncodeToString(sum[:8]) + "-" + hex.EncodeToString(sum[8:16]),
+	}
+}
+
+// fingerprintOf is the fingerprint of a key's operation.
+func fingerprintOf(key string) dedup.Fingerprint {
+	return sha256.Sum256([]byte("operation " + key))
+}
+
+// response is the stored reply of a completed key, of a typical size.
+var response = []byte(`{"status":"settled","amount":"125.00","currency":"EUR"}`)
+
+// body is an outbox message body, of a typical size.
+var body = []byte(`{"event":"payment.settled","payment":"pay_0000000000000000","amount":"125.00","currency":"EUR","at":"2026-01-01T00:00:00Z"}`)
+
+const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// load copies one simulated day of completed keys and published outbox rows.
+func load(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, error) {
+	res := LoadResult{Keys: o.Keys, Outbox: o.Outbox}
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&res.Base); err != nil {
+		return res, fmt.Errorf("scale: load: %w", err)
+	}
+	start := time.Now()
+	errs := make(chan error, 2)
+	go func() {
+		t := time.Now()
+		err := copyKeys(ctx, pool, o, res)
+		res.KeysTook = time.Since(t)
+		errs <- err
+	}()
+	var outboxTook time.Duration
+	go func() {
+		t := time.Now()
+		err := copyOutbox(ctx, pool, o, res)
+		outboxTook = time.Since(t)
+		errs <- err
+	}()
+	err1, err2 := <-errs, <-errs
+	res.OutboxTook = outboxTook
+	res.Took = time.Since(start)
+	if err := cmpErr(err1, err2); err != nil {
+		return res, err
+	}
+	// Statistics for the planner and a clean start for the counters: the
+	// run begins with a vacuumed table, as a table in service would.
+	for _, t := range []string{"keys", "outbox"} {
+		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+o.Schema+"."+t); err != nil {
+			return res, fmt.Errorf("scale: load: vacuum %s: %w", t, err)
+		}
+	}
+	return res, nil
+}
+
+func cmpErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyKeys(ctx context.Context, pool *pgxpool.Pool, o Options, l LoadResult) error {
+	cols := []string{"consumer", "tenant", "key", "state", "fingerprint", "attempts", "outcome",
+		"response_code", "response", "trace_id", "span_id", "created_at", "updated_at", "completed_at"}
+	i := 0
+	n, err := pool.CopyFrom(ctx, pgx.Identifier{o.Schema, "keys"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
+		if i == o.Keys {
+			return nil, nil
+		}
+		sc := scopeOf(i)
+		fp := fingerprintOf(sc.Key)
+		created := l.at(i, o.Keys)
+		done := created.Add(40 * time.Millisecond)
+		i++
+		return []any{sc.Consumer, sc.Tenant, sc.Key, "completed", fp[:], 1, "ok",
+			200, response, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", created, done, done}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("scale: load keys: %w", err)
+	}
+	if n != int64(o.Keys) {
+		return fmt.Errorf("scale: load keys: copied %d of %d", n, o.Keys)
+	}
+	return nil
+}
+
+func copyOutbox(ctx context.Context, pool *pgxpool.Pool, o Options, l LoadResult) error {
+	cols := []string{"exchange", "routing_key", "body", "content_type", "message_id", "traceparent",
+		"created_at", "available_at", "attempts", "published_at"}
+	i := 0
+	n, err := pool.CopyFrom(ctx, pgx.Identifier{o.Schema, "outbox"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
+		if i == o.Outbox {
+			return nil, nil
+		}
+		created := l.at(i, o.Outbox)
+		id := scopeOf(i).Key
+		i++
+		return []any{"ledger", "payment.settled", body, "application/json", id, traceparent,
+			created, created, 1, created.Add(80 * time.Millisecond)}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("scale: load outbox: %w", err)
+	}
+	if n != int64(o.Outbox) {
+		return fmt.Errorf("scale: load outbox: copied %d of %d", n, o.Outbox)
+	}
+	return nil
+}
