@@ -17,9 +17,9 @@ IDEMQ_TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
 export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 
 # The library (.), its telemetry setup (consumer/idemqotel), the binary
-# (cmd/idemq) and the end-to-end tests (integration) are four modules tied by
-# go.work; a pattern names each.
-PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/...
+# (cmd/idemq), the end-to-end tests (integration) and the UI's browser test
+# (integration/browser) are five modules tied by go.work; a pattern names each.
+PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integration/browser/...
 
 .PHONY: help up test lint demo bench scale chaos fuzz build jaeger tidy
 
@@ -31,10 +31,13 @@ help: ## Show this list of targets
 up: ## Make sure Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) run, starting them if needed
 	@bash deploy/local/ensure-services.sh
 
-test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ
+test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ (+ Jaeger, headless Chromium)
 	@# The tracing test runs a real Jaeger: build it once (about 10 minutes cold,
 	@# then cached in ~/.cache/idemq; a no-op when it is there).
 	@bash deploy/jaeger/build.sh >/dev/null
+	@# The UI's browser test drives headless Chromium: install Debian's
+	@# chromium where it is missing (a no-op when it is there).
+	@bash deploy/local/ensure-chromium.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 	@# Every fuzz target for a bounded time (their seed corpora ran above).
@@ -113,7 +116,7 @@ tidy: ## go mod tidy in each module (idemqotel, the binary and the tests against
 	@# idemqotel) at a placeholder version that go.work maps to this checkout;
 	@# tidy sees them through replaces that are dropped again (go install
 	@# refuses a go.mod with replace directives).
-	@for m in consumer/idemqotel cmd/idemq integration; do \
+	@for m in consumer/idemqotel cmd/idemq integration integration/browser; do \
 		echo "go mod tidy in $$m"; \
 		(cd $$m && $(GO) mod edit -replace github.com/idemq/idemq=$(CURDIR) && \
 			{ [[ $$m == consumer/idemqotel ]] || $(GO) mod edit -replace github.com/idemq/idemq/consumer/idemqotel=$(CURDIR)/consumer/idemqotel; } && \

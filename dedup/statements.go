@@ -9,6 +9,7 @@ type statements struct {
 	reserveBatch, inspectBatch, extendBatch, completeBatch          string
 	headerKeys                                                      string
 	releaseBatch                                                    string
+	stats                                                           string
 	// The statements of a lease held by the caller's transaction (see
 	// Store.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
@@ -30,6 +31,7 @@ func newStatements(schema string, durable bool) statements {
 	}
 	st := statements{
 		table: t,
+		stats: statsSQL(t),
 		// One statement decides the race: insert, or take over an expired
 		// lease of the same operation, or return nothing.
 		reserve: async + `INSERT INTO ` + t + ` AS k

@@ -2,64 +2,16 @@ package cli
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/keys"
 	"github.com/idemq/idemq/dedup"
 )
-
-// keyReport is what `keys inspect` prints (also its --json form). Every
-// field is always in the JSON, empty or null when the row has no value:
-// docs/cli.md lists them, and a test holds the two together.
-type keyReport struct {
-	Consumer string `json:"consumer"`
-	Tenant   string `json:"tenant"`
-	KeyHash  string `json:"key_hash"`
-	Hashed   bool   `json:"hashed"`
-	// State is in_progress, released or completed (see stateOf).
-	State string `json:"state"`
-	// ReleaseReason says why a released key was given up.
-	ReleaseReason  string     `json:"release_reason"`
-	Attempts       int        `json:"attempts"`
-	LockedUntil    *time.Time `json:"locked_until"`
-	LeaseValid     bool       `json:"lease_valid"`
-	Outcome        string     `json:"outcome"`
-	ResponseCode   *int       `json:"response_code"`
-	ResponseReason string     `json:"response_reason"`
-	ResponseSize   *int       `json:"response_size"`
-	// ResponseHeaders names the headers of a stored HTTP answer.
-	ResponseHeaders []string   `json:"response_headers,omitempty"`
-	RecoveryPoint   string     `json:"recovery_point"`
-	RecoveryDataSz  int        `json:"recovery_data_size"`
-	Steps           []string   `json:"steps"`
-	Fingerprint     string     `json:"fingerprint"`
-	TraceID         string     `json:"trace_id"`
-	SpanID          string     `json:"span_id"`
-	TraceURL        string     `json:"trace_url"`
-	CreatedAt       time.Time  `json:"created_at"`
-	UpdatedAt       time.Time  `json:"updated_at"`
-	CompletedAt     *time.Time `json:"completed_at"`
-}
-
-// stateReleased is how keys inspect shows an in-progress row whose holder
-// gave it up (dedup.Record.Released): no worker holds it, and the next
-// delivery of the key takes it over.
-const stateReleased = "released"
-
-// stateOf is the state keys inspect shows: the row's, or released.
-func stateOf(rec *dedup.Record) string {
-	if rec.Released {
-		return stateReleased
-	}
-	return string(rec.State)
-}
 
 func (a *app) keysCommand() *cobra.Command {
 	var (
@@ -110,14 +62,10 @@ the key has no row.`,
 				return err
 			}
 			scope := dedup.Scope{Consumer: name, Tenant: tenant, Key: key}
-			rec, err := store.Inspect(ctx, scope)
-			if errors.Is(err, dedup.ErrNotFound) {
-				return notFound(name, tenant)
-			}
+			r, _, err := keys.Lookup(ctx, store, scope, a.getenv("IDEMQ_JAEGER_URL"))
 			if err != nil {
 				return err
 			}
-			r := report(rec, scope.KeyHash(), hashed, a.getenv("IDEMQ_JAEGER_URL"))
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
@@ -136,47 +84,7 @@ the key has no row.`,
 	return group("keys", "Inspect idempotency keys", "", inspect)
 }
 
-func report(rec *dedup.Record, keyHash string, hashed bool, jaeger string) keyReport {
-	r := keyReport{
-		Consumer:       rec.Consumer,
-		Tenant:         rec.Tenant,
-		KeyHash:        keyHash,
-		Hashed:         hashed,
-		State:          stateOf(rec),
-		ReleaseReason:  rec.ReleaseReason,
-		Attempts:       rec.Attempts,
-		LockedUntil:    rec.LockedUntil,
-		LeaseValid:     rec.LeaseValid,
-		RecoveryPoint:  rec.RecoveryPoint,
-		Steps:          rec.Steps,
-		Fingerprint:    rec.Fingerprint.String(),
-		TraceID:        rec.TraceID,
-		SpanID:         rec.SpanID,
-		CreatedAt:      rec.CreatedAt,
-		UpdatedAt:      rec.UpdatedAt,
-		CompletedAt:    rec.CompletedAt,
-		RecoveryDataSz: len(rec.RecoveryData),
-	}
-	if r.Steps == nil {
-		r.Steps = []string{}
-	}
-	if rec.Result != nil {
-		r.Outcome, r.ResponseReason = string(rec.Result.Outcome), rec.Result.Reason
-		code, size := rec.Result.Code, len(rec.Result.Response)
-		r.ResponseCode, r.ResponseSize = &code, &size
-		r.ResponseHeaders = slices.Sorted(maps.Keys(rec.Result.Headers))
-	}
-	if strings.Trim(r.TraceID, "0") == "" {
-		// No tracer was installed when the key was first processed.
-		r.TraceID, r.SpanID = "", ""
-	}
-	if jaeger != "" && r.TraceID != "" {
-		r.TraceURL = strings.TrimRight(jaeger, "/") + "/trace/" + r.TraceID
-	}
-	return r
-}
-
-func printKey(a *app, r keyReport) {
+func printKey(a *app, r keys.Report) {
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	line := func(k, format string, args ...any) { fmt.Fprintf(w, "%s:\t"+format+"\n", append([]any{k}, args...)...) }
 	ts := func(t *time.Time) string {
@@ -192,7 +100,7 @@ func printKey(a *app, r keyReport) {
 		line("tenant", "%s", r.Tenant)
 	}
 	line("key hash", "%s", r.KeyHash)
-	if r.State == stateReleased && r.ReleaseReason != "" {
+	if r.State == keys.StateReleased && r.ReleaseReason != "" {
 		line("state", "%s (%s)", r.State, r.ReleaseReason)
 	} else {
 		line("state", "%s", r.State)
@@ -201,7 +109,7 @@ func printKey(a *app, r keyReport) {
 	switch {
 	case r.LockedUntil == nil:
 		line("lease", "none")
-	case r.State == stateReleased:
+	case r.State == keys.StateReleased:
 		line("lease", "released at %s", ts(r.LockedUntil))
 	case r.LeaseValid:
 		line("lease", "valid, locked until %s", ts(r.LockedUntil))
@@ -231,14 +139,6 @@ func printKey(a *app, r keyReport) {
 		line("trace", "%s", r.TraceURL)
 	}
 	_ = w.Flush()
-}
-
-// notFound is the error of a key with no row, naming the scope looked in.
-func notFound(consumer, tenant string) error {
-	if tenant == "" {
-		return fmt.Errorf("key not found (consumer %q, default tenant)", consumer)
-	}
-	return fmt.Errorf("key not found (consumer %q, tenant %q)", consumer, tenant)
 }
 
 func dash(s string) string {

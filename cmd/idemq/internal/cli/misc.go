@@ -11,12 +11,14 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/bench"
 	"github.com/idemq/idemq/cmd/idemq/internal/demo"
+	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 )
 
 func (a *app) demoCommand() *cobra.Command {
 	var (
 		o      demo.Options
 		noKill bool
+		withUI bool
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -33,11 +35,16 @@ duplicates suppressed, retries, dead letters by reason, and the trace of one
 suppressed duplicate ($IDEMQ_JAEGER_URL/trace/<id> when IDEMQ_JAEGER_URL is set;
 traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
 
+With --ui the web UI (idemq ui, docs/ui.md) stays up at the end on the demo's
+schema and queue, on --ui-listen, with one worker to handle what is replayed,
+until SIGINT or SIGTERM.
+
 Exits 1 when the scenario cannot run or its invariant does not hold. The global
 --schema is not used: the demo has its own (--demo-schema), which it drops and
 recreates.`,
 		Example: `  idemq demo
   idemq demo --payments 500 --workers 2
+  idemq demo --payments 500 --ui
   IDEMQ_JAEGER_URL=http://127.0.0.1:16686 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 idemq demo`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
@@ -47,6 +54,11 @@ recreates.`,
 			o.PostgresURL, o.AMQPURL = a.postgresURL, a.amqpURL
 			if noKill {
 				o.KillAt = -1
+			}
+			if !withUI {
+				o.UIListen = ""
+			} else if err := ui.CheckListen(o.UIListen, false); err != nil {
+				return usagef("--ui-listen: %w", err)
 			}
 			// The scenario and its workers (this command again) trace when
 			// OTEL_EXPORTER_OTLP_ENDPOINT is set.
@@ -75,6 +87,8 @@ recreates.`,
 	f.StringVar(&o.Schema, "demo-schema", demo.DefaultSchema, "Postgres schema of the demo, dropped and recreated (must contain \"demo\")")
 	f.StringVar(&o.Queue, "queue", demo.DefaultQueue, "work queue of the demo, deleted and redeclared (must contain \"demo\")")
 	f.StringVar(&o.LogDir, "log-dir", "", "directory for the workers' logs (default: a new temporary directory)")
+	f.BoolVar(&withUI, "ui", false, "at the end, leave the web UI (idemq ui) running on the demo's data, with one worker, until Ctrl-C")
+	f.StringVar(&o.UIListen, "ui-listen", DefaultUIListen, "loopback address of the UI of --ui")
 	return cmd
 }
 

@@ -136,6 +136,11 @@ func (r *runner) run(ctx context.Context) (Report, error) {
 		rep.Failures = append(rep.Failures, rep.HTTP.Failures...)
 	}
 	rep.print(r.w)
+	if o.UIListen != "" && ctx.Err() == nil {
+		if err := r.serveUI(ctx); err != nil {
+			return rep, err
+		}
+	}
 	if !rep.OK() {
 		return rep, fmt.Errorf("demo failed: %s", strings.Join(rep.Failures, "; "))
 	}

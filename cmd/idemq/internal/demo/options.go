@@ -90,6 +90,9 @@ type Options struct {
 	// LogDir receives the workers' logs (worker-N.log); empty means a new
 	// temporary directory, kept after the run.
 	LogDir string
+	// UIListen, when set, leaves `idemq ui` running on the demo's data at
+	// the end, on this loopback address, with one worker, until ctx ends.
+	UIListen string
 }
 
 func (o Options) withDefaults() Options {

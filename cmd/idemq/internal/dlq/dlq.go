@@ -30,6 +30,8 @@ package dlq
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -60,59 +62,110 @@ type ListResult struct {
 // ErrNoQueue means the queue does not exist.
 var ErrNoQueue = errors.New("queue does not exist")
 
-// inspect returns the number of ready messages in queue, on a throwaway
-// channel (a failed passive declare closes its channel).
-func inspect(conn *amqp.Connection, queue string) (int, error) {
+// Inspect returns the state of queue (its ready messages and consumers) from
+// a passive declare, on a throwaway channel (a failed passive declare closes
+// its channel). A queue that does not exist wraps ErrNoQueue.
+func Inspect(conn *amqp.Connection, queue string) (amqp.Queue, error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return 0, fmt.Errorf("open channel: %w", err)
+		return amqp.Queue{}, fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return 0, fmt.Errorf("queue %s: %w", queue, ErrNoQueue)
+		return amqp.Queue{}, fmt.Errorf("queue %s: %w", queue, ErrNoQueue)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("inspect queue %s: %w", queue, err)
+		return amqp.Queue{}, fmt.Errorf("inspect queue %s: %w", queue, err)
 	}
-	return q.Messages, nil
+	return q, nil
+}
+
+// inspect returns the number of ready messages in queue.
+func inspect(conn *amqp.Connection, queue string) (int, error) {
+	q, err := Inspect(conn, queue)
+	return q.Messages, err
+}
+
+// Message is one dead letter as Read saw it: what it says (Letter), an id
+// that names it while it stays in the DLQ (ID), and the message itself.
+type Message struct {
+	wire.Letter
+	// ID names the dead letter (see ID); ReplayOptions.Select receives it.
+	ID string `json:"id"`
+	// Headers, Body and RoutingKey are the message's own.
+	Headers    amqp.Table `json:"-"`
+	Body       []byte     `json:"-"`
+	RoutingKey string     `json:"-"`
+}
+
+// ID returns a name for dead letter d: a hash of its message_id, timestamp,
+// x-idemq-first-seen, error and body. It is the same each time d is read, so
+// that a letter chosen in one read can be picked out in a later one (two
+// letters that agree in all of these, the same message dead-lettered twice
+// in the same way, share an id; ReplayOptions.Select decides how many of
+// them to take).
+func ID(d *amqp.Delivery) string {
+	h := sha256.New()
+	text := func(v any) string { s, _ := wire.String(v); return s }
+	for _, part := range []string{
+		d.MessageId, d.Timestamp.UTC().Format(time.RFC3339Nano),
+		text(d.Headers[wire.HeaderFirstSeen]), text(d.Headers[wire.HeaderError]), string(d.Body),
+	} {
+		fmt.Fprintf(h, "%d:%s;", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // List reads up to limit (0: all) dead letters of queue without removing
 // any: every message read goes back to the queue when List returns.
 func List(ctx context.Context, conn *amqp.Connection, queue string, limit int) (ListResult, error) {
 	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []wire.Letter{}}
+	n, msgs, err := Read(ctx, conn, queue, limit)
+	res.InQueue = n
+	for _, m := range msgs {
+		res.Letters = append(res.Letters, m.Letter)
+		res.ByReason[m.Reason]++
+	}
+	return res, err
+}
+
+// Read reads up to limit (0: all) dead letters of queue without removing
+// any, like List, and returns the number of ready messages the queue held
+// and the messages read, in queue order.
+func Read(ctx context.Context, conn *amqp.Connection, queue string, limit int) (int, []Message, error) {
+	msgs := []Message{}
 	n, err := inspect(conn, queue)
 	if err != nil {
-		return res, err
+		return 0, msgs, err
 	}
-	res.InQueue = n
 	ch, err := conn.Channel()
 	if err != nil {
-		return res, fmt.Errorf("open channel: %w", err)
+		return n, msgs, fmt.Errorf("open channel: %w", err)
 	}
 	// Closing the channel returns every message read (none is acked).
 	defer ch.Close()
 	for range n {
-		if limit > 0 && len(res.Letters) >= limit {
+		if limit > 0 && len(msgs) >= limit {
 			break
 		}
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return n, msgs, err
 		}
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
-			return res, fmt.Errorf("read %s: %w", queue, err)
+			return n, msgs, fmt.Errorf("read %s: %w", queue, err)
 		}
 		if !ok {
 			break
 		}
-		l := wire.ReadLetter(&d)
-		res.Letters = append(res.Letters, l)
-		res.ByReason[l.Reason]++
+		msgs = append(msgs, Message{
+			Letter: wire.ReadLetter(&d), ID: ID(&d),
+			Headers: d.Headers, Body: d.Body, RoutingKey: d.RoutingKey,
+		})
 	}
-	return res, nil
+	return n, msgs, nil
 }
 
 // ReplayOptions configures Replay.
@@ -123,6 +176,11 @@ type ReplayOptions struct {
 	// Reason, when set, replays only dead letters with that reason; the
 	// others stay in the DLQ.
 	Reason string
+	// Select, when set, replays only the dead letters it returns true for
+	// (after the reason filter), given the letter's ID and what it says;
+	// the others stay in the DLQ. It is called once per letter read, in
+	// queue order, so it can count (take one of two letters sharing an id).
+	Select func(id string, l wire.Letter) bool
 	// Limit is the most messages replayed (0: no limit).
 	Limit int
 	// ConfirmTimeout bounds the wait for one copy's confirm. Default
@@ -207,7 +265,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 		}
 		res.Read++
 		l := wire.ReadLetter(&d)
-		if opts.Reason != "" && l.Reason != opts.Reason {
+		if (opts.Reason != "" && l.Reason != opts.Reason) || (opts.Select != nil && !opts.Select(ID(&d), l)) {
 			res.Skipped++ // left unacked: back to the DLQ when the channel closes
 		} else {
 			if err := replayOne(pub, &d, opts); err != nil {

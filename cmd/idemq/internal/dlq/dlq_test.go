@@ -137,3 +137,41 @@ func TestReplayStopsAfterTheMessageInHand(t *testing.T) {
 	}
 	waitReady(t, conn, dlq.Name(q), 1)
 }
+
+func TestReplaySelected(t *testing.T) {
+	t.Parallel()
+	conn, q := setup(t, 4)
+	ctx := context.Background()
+	n, msgs, err := dlq.Read(ctx, conn, dlq.Name(q), 0)
+	if err != nil || n != 4 || len(msgs) != 4 {
+		t.Fatalf("read: %d, %d messages, %v", n, len(msgs), err)
+	}
+	waitReady(t, conn, dlq.Name(q), 4)
+	if msgs[1].MessageID != "m-1" || string(msgs[1].Body) != "x" || msgs[1].ID == msgs[2].ID {
+		t.Fatalf("read: %+v", msgs)
+	}
+	want := map[string]bool{msgs[1].ID: true, msgs[3].ID: true}
+	pick := func(id string, _ wire.Letter) bool {
+		ok := want[id]
+		delete(want, id) // each chosen letter once
+		return ok
+	}
+	res, err := dlq.Replay(ctx, conn, dlq.ReplayOptions{Queue: dlq.Name(q), Target: q, Select: pick})
+	if err != nil || res.Replayed != 2 || res.Skipped != 2 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	waitReady(t, conn, q, 2)
+	waitReady(t, conn, dlq.Name(q), 2)
+	// The same choice again replays nothing: those letters are gone.
+	want = map[string]bool{msgs[1].ID: true, msgs[3].ID: true}
+	res, err = dlq.Replay(ctx, conn, dlq.ReplayOptions{Queue: dlq.Name(q), Target: q, Select: pick})
+	if err != nil || res.Replayed != 0 || res.Skipped != 2 {
+		t.Fatalf("second replay: %+v, %v", res, err)
+	}
+	waitReady(t, conn, dlq.Name(q), 2)
+	// The ids are stable across reads.
+	_, again, err := dlq.Read(ctx, conn, dlq.Name(q), 0)
+	if err != nil || len(again) != 2 || again[0].ID != msgs[0].ID || again[1].ID != msgs[2].ID {
+		t.Fatalf("read again: %+v, %v", again, err)
+	}
+}

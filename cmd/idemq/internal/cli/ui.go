@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"cmp"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/ui"
+	"github.com/idemq/idemq/consumer"
+)
+
+// DefaultUIListen is where `idemq ui` listens by default.
+const DefaultUIListen = "127.0.0.1:8089"
+
+func (a *app) uiCommand() *cobra.Command {
+	var (
+		listen, tokenFile, jaegerURL string
+		queues                       []string
+		topo                         topologyFlags
+		readOnly, showKeys, hashKeys bool
+		letterLimit                  int
+	)
+	cmd := &cobra.Command{
+		Use:   "ui [--listen ADDR] [--queue Q[=CONSUMER] ...]",
+		Short: "Serve the operator's web UI: keys, queues, dead letters, outbox",
+		Long: `Serve the operator's web UI (docs/ui.md) on --listen: an overview of each
+consumer scope's keys, each --queue's depth, retry tiers and dead letters by
+reason, and the outbox backlog; the dead letters of a queue with their headers
+and bodies, replayed one, a selection or all of one reason (as idemq dlq replay
+does); the row of one key (as idemq keys inspect shows it); the outbox's
+pending and parked rows, unparked after a confirmation.
+
+--queue Q=CONSUMER names the consumer scope whose keys Q's messages claim, so
+that a dead letter's key hash is the key_hash of the logs and spans. Q's retry
+tiers are named from --max-attempts and the --retry-* flags (those of
+topology apply).
+
+It listens on loopback unless --auth-token-file is given: the file holds a
+token that every request must carry, as "Authorization: Bearer <token>" or
+from the session cookie the login form sets. Every change is a POST with a
+CSRF token; --read-only refuses them all. Raw keys are shown only where the
+operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
+		Example: `  idemq ui --queue payments=charge
+  idemq ui --listen 0.0.0.0:8089 --auth-token-file /run/secrets/idemq-ui --read-only --queue payments=charge
+  idemq ui --queue payments=charge --jaeger-url http://127.0.0.1:16686`,
+		Args: noArgs,
+		RunE: run(func(cmd *cobra.Command, _ []string) error {
+			var token string
+			if tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return usagef("--auth-token-file: %w", err)
+				}
+				if token = strings.TrimSpace(string(b)); len(token) < 16 {
+					return usagef("--auth-token-file %s: the token must be at least 16 characters", tokenFile)
+				}
+			}
+			if err := ui.CheckListen(listen, token != ""); err != nil {
+				return usagef("--listen: %w", err)
+			}
+			var qs []ui.Queue
+			for _, spec := range queues {
+				name, consumerName := spec, ""
+				if i := strings.LastIndex(spec, "="); i >= 0 {
+					name, consumerName = spec[:i], spec[i+1:]
+				}
+				topo.queue = name
+				if err := topo.validate(); err != nil {
+					return err
+				}
+				qs = append(qs, ui.Queue{Topology: consumer.NewTopology(topo.config()), Consumer: consumerName})
+			}
+			if err := a.checkAMQPURL(); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := a.openStorePool(ctx, 8)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			srv, err := ui.New(ui.Config{
+				Pool: pool, Schema: a.schema, HashKeys: hashKeys,
+				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
+				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
+				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Logger: a.log,
+			})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			fmt.Fprintf(a.stdout, "idemq ui: serving http://%s/\n", ln.Addr())
+			return ui.Serve(ctx, ln, srv)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", DefaultUIListen, "address to listen on (host:port); anything but loopback needs --auth-token-file")
+	f.StringArrayVar(&queues, "queue", nil, "a work queue to show, as Q or Q=CONSUMER (repeatable)")
+	f.StringVar(&jaegerURL, "jaeger-url", "", "Jaeger UI base URL, to link a key's first processing to its trace (env IDEMQ_JAEGER_URL)")
+	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the token every request must carry (bearer, or the login form's cookie)")
+	f.BoolVar(&readOnly, "read-only", false, "refuse every change (replay, unpark)")
+	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id, Idempotency-Key) instead of their hashes")
+	f.BoolVar(&hashKeys, "hash-keys", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
+	f.IntVar(&letterLimit, "dlq-limit", ui.DefaultLetterLimit, "most dead letters read for one page")
+	f.IntVar(&topo.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "the queues' --max-attempts (names their retry tiers)")
+	f.DurationVar(&topo.retryInitial, "retry-initial", consumer.DefaultRetryInitial, "the queues' --retry-initial (names their retry tiers)")
+	f.Float64Var(&topo.retryMultiplier, "retry-multiplier", consumer.DefaultRetryMultiplier, "the queues' --retry-multiplier (names their retry tiers)")
+	f.DurationVar(&topo.retryMax, "retry-max", consumer.DefaultRetryMax, "the queues' --retry-max (names their retry tiers)")
+	topo.deliveryLimit = consumer.DefaultDeliveryLimit
+	return cmd
+}

@@ -1,0 +1,51 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/ui"
+)
+
+// serveUI leaves the UI running on the demo's schema and queue, with one
+// worker so that the dead letters an operator replays are handled, until
+// ctx ends (Ctrl-C).
+func (r *runner) serveUI(ctx context.Context) error {
+	if err := ui.CheckListen(r.o.UIListen, false); err != nil {
+		return fmt.Errorf("demo: --ui-listen: %w", err)
+	}
+	pool, err := newPool(ctx, r.o.PostgresURL, 8, "idemq-demo-ui", false)
+	if err != nil {
+		return fmt.Errorf("demo: ui: %w", err)
+	}
+	defer pool.Close()
+	srv, err := ui.New(ui.Config{
+		Pool: pool, Schema: r.o.Schema,
+		Dial: func() (*amqp.Connection, error) {
+			props := amqp.NewConnectionProperties()
+			props.SetClientConnectionName("idemq-demo-ui")
+			return amqp.DialConfig(r.o.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(5 * time.Second)})
+		},
+		Queues:    []ui.Queue{{Topology: r.topo, Consumer: consumerName}},
+		JaegerURL: r.o.JaegerURL,
+	})
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	if err := r.startWorker(); err != nil {
+		return err
+	}
+	defer r.stopWorkers()
+	ln, err := net.Listen("tcp", r.o.UIListen)
+	if err != nil {
+		return fmt.Errorf("demo: ui: listen on %s: %w", r.o.UIListen, err)
+	}
+	fmt.Fprintf(r.w, "\nidemq ui: serving http://%s/ on the demo's data (schema %s, queue %s), with one worker\n",
+		ln.Addr(), r.o.Schema, r.o.Queue)
+	fmt.Fprintln(r.w, "  replay its dead letters, look up a key (consumer "+consumerName+"); Ctrl-C stops the UI and the worker")
+	return ui.Serve(ctx, ln, srv)
+}

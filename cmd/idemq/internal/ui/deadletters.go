@@ -1,0 +1,379 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/wire"
+)
+
+// letterView is one dead letter as the list shows it.
+type letterView struct {
+	ID string
+	// Key is the raw key, shown only with Config.ShowKeys; KeyHash always.
+	Key, KeyHash, Tenant      string
+	Reason                    string
+	ByBroker                  bool
+	Attempts                  string
+	FirstSeen, Error          string
+	OriginalExchange, OrigKey string
+	BodySize                  int
+}
+
+type deadLettersView struct {
+	Queue    string
+	Consumer string
+	InQueue  int
+	Read     int
+	ByReason []reasonCount
+	Reason   string
+	Letters  []letterView
+	Err      string
+	ShowKeys bool
+}
+
+// queueOf returns the configured queue named by the request's queue parameter.
+func (s *Server) queueOf(w http.ResponseWriter, r *http.Request) (Queue, bool) {
+	name := r.FormValue("queue")
+	q, ok := s.queues[name]
+	if !ok {
+		s.fail(w, r, http.StatusNotFound, fmt.Errorf("queue %q is not one the UI was started with (--queue)", name))
+	}
+	return q, ok
+}
+
+// readLetters reads up to the configured number of q's dead letters. The
+// letters a read holds are hidden from every other reader until the broker
+// has taken them back, which it does shortly after the read's channel
+// closes: so the UI's reads of one DLQ take turns, each waiting (briefly)
+// for the DLQ to hold its letters again before the next one starts.
+func (s *Server) readLetters(ctx context.Context, q Queue) (int, []dlq.Message, error) {
+	conn, err := s.amqpConn()
+	if err != nil {
+		return 0, nil, err
+	}
+	if j := s.jobs.runningFor(q.Topology.Queue); j != nil {
+		return 0, nil, fmt.Errorf("a replay of %s is running (job %s): its dead letters are listed once it ends", q.Topology.Queue, j.ID)
+	}
+	mu := s.readLock(q.Topology.DLQ)
+	mu.Lock()
+	defer mu.Unlock()
+	n, msgs, err := dlq.Read(ctx, conn, q.Topology.DLQ, s.cfg.LetterLimit)
+	if err != nil || len(msgs) == 0 {
+		return n, msgs, err
+	}
+	deadline := time.Now().Add(returnWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if st, err := dlq.Inspect(conn, q.Topology.DLQ); err != nil || st.Messages >= n {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // poll interval: the broker sends no event for it
+	}
+	return n, msgs, nil
+}
+
+// returnWait bounds the wait for the letters a read held to be back (fewer
+// come back when a consumer or a replay took some meanwhile).
+const returnWait = time.Second
+
+func (s *Server) readLock(queue string) *sync.Mutex {
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
+	mu := s.reads[queue]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		s.reads[queue] = mu
+	}
+	return mu
+}
+
+func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
+	q, ok := s.queueOf(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	v := deadLettersView{Queue: q.Topology.Queue, Consumer: q.Consumer, Reason: r.FormValue("reason"), ShowKeys: s.cfg.ShowKeys}
+	n, msgs, err := s.readLetters(ctx, q)
+	if err != nil {
+		v.Err = errText(err)
+	}
+	v.InQueue, v.Read, v.ByReason = n, len(msgs), countReasons(msgs)
+	for _, m := range msgs {
+		if v.Reason == "" || m.Reason == v.Reason {
+			v.Letters = append(v.Letters, s.letterView(q, m))
+		}
+	}
+	s.render(w, r, http.StatusOK, "dlq", "Dead letters of "+v.Queue, v)
+}
+
+func (s *Server) letterView(q Queue, m dlq.Message) letterView {
+	d := &amqp.Delivery{MessageId: m.MessageID, Headers: m.Headers}
+	key, _ := wire.ReadKey(d, s.cfg.KeyHeader)
+	tenant, ok := wire.String(m.Headers[wire.HeaderTenant])
+	if !ok {
+		tenant, _ = wire.String(m.Headers[s.cfg.TenantHeader])
+	}
+	if m.OriginalExchange == "" && m.OriginalRoutingKey != "" {
+		m.OriginalExchange = "(default)"
+	}
+	v := letterView{
+		ID: m.ID, Tenant: tenant, Reason: m.Reason, ByBroker: m.ByBroker, FirstSeen: m.FirstSeen, Error: m.Error,
+		OriginalExchange: m.OriginalExchange, OrigKey: m.OriginalRoutingKey, BodySize: m.BodySize, Attempts: "-",
+	}
+	if key != "" {
+		v.KeyHash = dedup.Scope{Consumer: q.Consumer, Tenant: tenant, Key: key}.KeyHash()
+		if s.cfg.ShowKeys {
+			v.Key = key
+		}
+	}
+	switch {
+	case m.Attempts > 0:
+		v.Attempts = strconv.Itoa(m.Attempts)
+	case m.DeathCount > 0:
+		v.Attempts = fmt.Sprintf("%d (x-death)", m.DeathCount)
+	}
+	return v
+}
+
+type headerView struct {
+	Name, Value string
+	Hidden      bool
+}
+
+type letterDetailView struct {
+	Queue   string
+	Letter  letterView
+	Props   []headerView
+	Headers []headerView
+	Body    content
+	Missing bool
+}
+
+// lettersFor reads the dead letters of the request's queue for a page that
+// needs them all (it renders the error page when it cannot).
+func (s *Server) lettersFor(w http.ResponseWriter, r *http.Request) (Queue, []dlq.Message, bool) {
+	q, ok := s.queueOf(w, r)
+	if !ok {
+		return q, nil, false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	_, msgs, err := s.readLetters(ctx, q)
+	if err != nil {
+		s.fail(w, r, http.StatusBadGateway, err)
+		return q, nil, false
+	}
+	return q, msgs, true
+}
+
+func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
+	q, msgs, ok := s.lettersFor(w, r)
+	if !ok {
+		return
+	}
+	id := r.FormValue("id")
+	i := slices.IndexFunc(msgs, func(m dlq.Message) bool { return m.ID == id })
+	v := letterDetailView{Queue: q.Topology.Queue}
+	if i < 0 {
+		v.Missing = true
+		s.render(w, r, http.StatusNotFound, "letter", "Dead letter", v)
+		return
+	}
+	m := msgs[i]
+	v.Letter = s.letterView(q, m)
+	msgID := headerView{Name: "message_id", Value: m.MessageID}
+	if !s.cfg.ShowKeys && m.MessageID != "" {
+		msgID = headerView{Name: "message_id", Value: "key hash " + v.Letter.KeyHash, Hidden: true}
+	}
+	v.Props = []headerView{msgID, {Name: "content_type", Value: m.ContentType}, {Name: "routing_key (in the DLQ)", Value: m.RoutingKey}}
+	if m.Timestamp != nil {
+		v.Props = append(v.Props, headerView{Name: "timestamp", Value: m.Timestamp.UTC().Format(time.RFC3339)})
+	}
+	for _, name := range slices.Sorted(maps.Keys(m.Headers)) {
+		h := headerView{Name: name, Value: headerValue(m.Headers[name])}
+		if !s.cfg.ShowKeys && strings.EqualFold(name, s.cfg.KeyHeader) {
+			h.Value, h.Hidden = "(hidden: a raw key; --show-keys shows it)", true
+		}
+		v.Headers = append(v.Headers, h)
+	}
+	v.Body = showContent(m.Body, s.cfg.BodyLimit)
+	s.render(w, r, http.StatusOK, "letter", "Dead letter", v)
+}
+
+// headerValue is a header value as text, bounded.
+func headerValue(v any) string {
+	var s string
+	switch x := v.(type) {
+	case []byte:
+		s = showContent(x, 256).Text
+	case string:
+		s = x
+	default:
+		s = fmt.Sprint(x)
+	}
+	if r := []rune(s); len(r) > 512 {
+		s = string(r[:511]) + "…"
+	}
+	return s
+}
+
+type replayConfirmView struct {
+	Queue   string
+	Reason  string
+	Count   int
+	IDs     []string
+	Letters []letterView
+	Token   string
+}
+
+// replayConfirm shows what a replay will move, and the button that does it.
+func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
+	q, msgs, ok := s.lettersFor(w, r)
+	if !ok {
+		return
+	}
+	v := replayConfirmView{Queue: q.Topology.Queue, Reason: r.PostForm.Get("reason"), Token: s.ops.issue()}
+	ids := r.PostForm["id"]
+	switch {
+	case len(ids) > 0:
+		want := map[string]bool{}
+		for _, id := range ids {
+			want[id] = true
+		}
+		for _, m := range msgs {
+			if want[m.ID] {
+				v.Letters = append(v.Letters, s.letterView(q, m))
+				v.IDs = append(v.IDs, m.ID)
+				delete(want, m.ID)
+			}
+		}
+		v.Reason = ""
+	case v.Reason != "":
+		for _, m := range msgs {
+			if m.Reason == v.Reason {
+				v.Letters = append(v.Letters, s.letterView(q, m))
+			}
+		}
+	default:
+		s.fail(w, r, http.StatusBadRequest, errors.New("choose dead letters, or a reason, to replay"))
+		return
+	}
+	v.Count = len(v.Letters)
+	if v.Count == 0 {
+		s.fail(w, r, http.StatusConflict, errors.New("none of the chosen dead letters is in the DLQ any more (replayed by someone else?)"))
+		return
+	}
+	s.render(w, r, http.StatusOK, "replay_confirm", "Replay dead letters?", v)
+}
+
+// replay starts the replay that a confirmation page describes, and sends the
+// browser to its progress page.
+func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
+	q, ok := s.queueOf(w, r)
+	if !ok {
+		return
+	}
+	token := r.PostForm.Get("once")
+	if prev, ok := s.ops.use(token); !ok {
+		err := errors.New("this replay was already submitted (or its confirmation page expired): nothing was done again")
+		if prev != "" {
+			err = fmt.Errorf("this replay was already submitted, as job %s: nothing was done again", prev)
+		}
+		s.fail(w, r, http.StatusConflict, err)
+		return
+	}
+	reason := r.PostForm.Get("reason")
+	count, _ := strconv.Atoi(r.PostForm.Get("count"))
+	opts := dlq.ReplayOptions{Queue: q.Topology.DLQ, Target: q.Topology.Queue}
+	what := ""
+	if ids := r.PostForm["id"]; len(ids) > 0 {
+		// Each chosen letter once, even when two share an id.
+		want := map[string]int{}
+		for _, id := range ids {
+			want[id] = 1
+		}
+		opts.Select = func(id string, _ wire.Letter) bool {
+			if want[id] > 0 {
+				want[id]--
+				return true
+			}
+			return false
+		}
+		// Done once every chosen letter is replayed.
+		opts.Limit = len(want)
+		what = fmt.Sprintf("%d chosen dead letter(s)", len(want))
+	} else if reason != "" && count > 0 {
+		// At most as many as the operator saw and confirmed.
+		opts.Reason, opts.Limit = reason, count
+		what = fmt.Sprintf("up to %d dead letter(s) with reason %s", count, reason)
+	} else {
+		s.fail(w, r, http.StatusBadRequest, errors.New("nothing to replay"))
+		return
+	}
+	conn, err := s.amqpConn()
+	if err != nil {
+		s.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	j, err := s.jobs.start(q.Topology.Queue, what, func(ctx context.Context, j *job) error {
+		opts.Start = func(total int) {
+			j.mu.Lock()
+			j.total = total // the letters Replay reads at most
+			j.mu.Unlock()
+		}
+		opts.Progress = func(read, replayed int) {
+			j.mu.Lock()
+			j.read, j.replayed, j.skipped = read, replayed, read-replayed
+			j.mu.Unlock()
+		}
+		// The pages' reads would hide letters from the replay: they wait.
+		mu := s.readLock(q.Topology.DLQ)
+		mu.Lock()
+		defer mu.Unlock()
+		res, err := dlq.Replay(ctx, conn, opts)
+		j.mu.Lock()
+		j.read, j.replayed, j.skipped, j.interrupted = res.Read, res.Replayed, res.Skipped, res.Interrupted
+		j.mu.Unlock()
+		s.log.Info("ui: replay", "queue", q.Topology.Queue, "replayed", res.Replayed, "skipped", res.Skipped, "err", errText(err))
+		return err
+	})
+	if errors.Is(err, errBusy) {
+		s.fail(w, r, http.StatusConflict, fmt.Errorf("%w (job %s): wait for it to end", err, j.ID))
+		return
+	}
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	s.ops.record(token, j.ID)
+	http.Redirect(w, r, "/jobs?id="+url.QueryEscape(j.ID), http.StatusSeeOther)
+}
+
+func (s *Server) job(w http.ResponseWriter, r *http.Request) {
+	j := s.jobs.get(r.FormValue("id"))
+	if j == nil {
+		s.fail(w, r, http.StatusNotFound, errors.New("no such replay (the UI was restarted?)"))
+		return
+	}
+	st := j.state()
+	refresh := time.Duration(0)
+	if !st.Done {
+		refresh = time.Second
+	}
+	s.renderRefresh(w, r, http.StatusOK, "job", "Replay of "+st.Queue, st, refresh)
+}

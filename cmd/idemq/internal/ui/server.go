@@ -1,0 +1,242 @@
+package ui
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
+)
+
+// Defaults used where Config leaves a field zero.
+const (
+	DefaultRefresh     = 10 * time.Second
+	DefaultLetterLimit = 500
+	DefaultBodyLimit   = 4096
+)
+
+// Queue is a work queue the UI shows, with the consumer scope its messages
+// claim their keys in (so that a dead letter's key hash is the one in the
+// logs; "" when unknown).
+type Queue struct {
+	Topology consumer.Topology
+	Consumer string
+}
+
+// Config configures a Server.
+type Config struct {
+	// Pool reaches the key store and the outbox, in Schema.
+	Pool   *pgxpool.Pool
+	Schema string
+	// HashKeys: the store keeps hashed keys (forward --hash-keys).
+	HashKeys bool
+	// Dial opens a broker connection; the server keeps one and dials
+	// again when it is lost.
+	Dial func() (*amqp.Connection, error)
+	// Queues are the work queues shown.
+	Queues []Queue
+	// JaegerURL, when set, links a key's first processing to its trace.
+	JaegerURL string
+	// Token, when set, is required of every request (bearer or session
+	// cookie set by the login form).
+	Token string
+	// ReadOnly refuses every change (replay, unpark).
+	ReadOnly bool
+	// ShowKeys shows raw keys (message_id, Idempotency-Key) where the UI
+	// otherwise shows their hashes.
+	ShowKeys bool
+	// KeyHeader is the header a key is read from when a message has no
+	// message_id. Default consumer.DefaultKeyHeader.
+	KeyHeader string
+	// TenantHeader is the header a tenant is read from. Default consumer.DefaultTenantHeader.
+	TenantHeader string
+	// Refresh is the overview's refresh interval. Default DefaultRefresh.
+	Refresh time.Duration
+	// LetterLimit bounds the dead letters read for one page. Default DefaultLetterLimit.
+	LetterLimit int
+	// BodyLimit bounds the bytes of a body shown. Default DefaultBodyLimit.
+	BodyLimit int
+	// Logger receives the server's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Server serves the UI. It is an http.Handler.
+type Server struct {
+	cfg     Config
+	store   *dedup.Store
+	outbox  *outbox.Outbox
+	queues  map[string]Queue
+	pages   map[string]*template.Template
+	handler http.Handler
+	secrets secrets
+	log     *slog.Logger
+
+	connMu sync.Mutex
+	conn   *amqp.Connection
+
+	jobs *jobs
+	ops  *onceTokens
+
+	readMu sync.Mutex
+	reads  map[string]*sync.Mutex // by DLQ: see readLetters
+}
+
+// New returns the server cfg describes.
+func New(cfg Config) (*Server, error) {
+	if cfg.Pool == nil || cfg.Dial == nil {
+		return nil, errors.New("ui: a pool and a broker dialer are required")
+	}
+	cfg.Refresh = cmp.Or(cfg.Refresh, DefaultRefresh)
+	cfg.LetterLimit = cmp.Or(cfg.LetterLimit, DefaultLetterLimit)
+	cfg.BodyLimit = cmp.Or(cfg.BodyLimit, DefaultBodyLimit)
+	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, consumer.DefaultKeyHeader)
+	cfg.TenantHeader = cmp.Or(cfg.TenantHeader, consumer.DefaultTenantHeader)
+	s := &Server{cfg: cfg, queues: map[string]Queue{}, log: cmp.Or(cfg.Logger, slog.Default()),
+		jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
+	var err error
+	if s.store, err = dedup.NewStore(cfg.Pool, &dedup.Config{Schema: cfg.Schema, HashKeys: cfg.HashKeys}); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
+	if s.outbox, err = outbox.New(cfg.Pool, &outbox.Config{Schema: cfg.Schema}); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
+	for _, q := range cfg.Queues {
+		s.queues[q.Topology.Queue] = q
+	}
+	if s.secrets, err = newSecrets(cfg.Token); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
+	if s.pages, err = parsePages(); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// ServeHTTP serves the UI.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Close closes the server's broker connection and waits for the replays
+// in flight to end (each stops after the message in hand when ctx ends).
+func (s *Server) Close(ctx context.Context) {
+	s.jobs.stop(ctx)
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.conn != nil {
+		_ = s.conn.Close()
+		s.conn = nil
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /login", s.loginPage)
+	mux.HandleFunc("POST /login", s.login)
+	mux.HandleFunc("POST /logout", s.logout)
+	mux.HandleFunc("GET /{$}", s.overview)
+	mux.HandleFunc("GET /dlq", s.deadLetters)
+	mux.HandleFunc("GET /dlq/letter", s.letter)
+	mux.HandleFunc("POST /dlq/replay/confirm", s.changing(s.replayConfirm))
+	mux.HandleFunc("POST /dlq/replay", s.changing(s.replay))
+	mux.HandleFunc("GET /jobs", s.job)
+	mux.HandleFunc("GET /keys", s.keyLookup)
+	mux.HandleFunc("POST /keys", s.keyLookup)
+	mux.HandleFunc("GET /outbox", s.outboxPage)
+	mux.HandleFunc("POST /outbox/unpark/confirm", s.changing(s.unparkConfirm))
+	mux.HandleFunc("POST /outbox/unpark", s.changing(s.unpark))
+	cop := http.NewCrossOriginProtection()
+	return securityHeaders(cop.Handler(s.authenticate(s.checkCSRF(mux))))
+}
+
+// changing marks a handler that changes state: refused when read-only.
+func (s *Server) changing(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.ReadOnly {
+			s.fail(w, r, http.StatusForbidden, errors.New("the UI is read-only (--read-only): nothing can be changed from it"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// securityHeaders keeps the pages out of frames, caches and referrers, and
+// lets them load nothing but the UI's own style sheet.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// amqpConn returns the server's broker connection, dialling it when there is
+// none or it was lost.
+func (s *Server) amqpConn() (*amqp.Connection, error) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn, nil
+	}
+	conn, err := s.cfg.Dial()
+	if err != nil {
+		return nil, err
+	}
+	s.conn = conn
+	return conn, nil
+}
+
+// errText is an error as a page shows it: without credentials.
+func errText(err error) string { return redact.Error(err) }
+
+// Serve serves s on ln until ctx ends, then shuts down: the requests in
+// flight get shutdownTimeout to finish, the replays in flight stop after the
+// message in hand.
+func Serve(ctx context.Context, ln net.Listener, s *Server) error {
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		s.Close(context.Background())
+		return fmt.Errorf("ui: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	s.Close(sctx)
+	if err != nil {
+		return fmt.Errorf("ui: shut down: %w", err)
+	}
+	return nil
+}
+
+// shutdownTimeout bounds Serve's shutdown.
+const shutdownTimeout = 10 * time.Second
