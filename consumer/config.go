@@ -72,9 +72,10 @@ type Config struct {
 	// runs once per delivery. 1 turns it off (one transaction per message).
 	// Default 16; DefaultBatchGroupSize for NewBatch.
 	GroupSize int
-	// GroupOptimistic runs a group's handlers without a savepoint each and
-	// completes all keys with one statement; if any handler fails, the
-	// group is rolled back and run again with savepoints. Fewer statements
+	// GroupOptimistic runs a group's handlers without a savepoint each, its
+	// keys reserved in the group's transaction (see SeparateReservations)
+	// and completed with one statement; if any handler fails, the group is
+	// rolled back and run again with savepoints. Fewer statements
 	// per message, but a handler may run twice for one delivery (its
 	// transactional writes count once): use it only for handlers whose
 	// effects all go through the transaction.
