@@ -317,28 +317,35 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 // together or not at all. If the lease was taken over or released it returns
 // ErrLeaseLost and the caller must roll back.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, l *Lease, r Result) error {
-	if err := checkOutcome(r); err != nil {
+	sql, args, err := s.completion(l, r)
+	if err != nil || sql == "" {
 		return err
 	}
-	hdr, err := encodeHeaders(r.Headers)
-	if err != nil {
-		return err
-	}
-	if l.held {
-		if presumed(r) {
-			return nil // the reservation wrote this result already
-		}
-		tag, err := tx.Exec(ctx, s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr)
-		if err != nil {
-			return interpretError("complete key", err)
-		}
-		return completedOrLost(tag)
-	}
-	tag, err := tx.Exec(ctx, s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr)
+	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return interpretError("complete key", err)
 	}
 	return completedOrLost(tag)
+}
+
+// completion is the statement that completes l's key with r and its
+// arguments; "" when there is nothing to write (a held lease whose result
+// is the one its reservation presumed).
+func (s *Store) completion(l *Lease, r Result) (string, []any, error) {
+	if err := checkOutcome(r); err != nil {
+		return "", nil, err
+	}
+	hdr, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return "", nil, err
+	}
+	if l.held {
+		if presumed(r) {
+			return "", nil, nil // the reservation wrote this result already
+		}
+		return s.sql.completeHeld, []any{l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr}, nil
+	}
+	return s.sql.complete, []any{l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr}, nil
 }
 
 // presumed reports whether r is the result a held reservation writes.
@@ -369,20 +376,11 @@ func completedOrLost(tag pgconn.CommandTag) error {
 // results, when the lease was lost; b must be sent on the transaction that
 // holds the handler's effects (pgx.Tx.SendBatch).
 func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
-	if err := checkOutcome(r); err != nil {
+	sql, args, err := s.completion(l, r)
+	if err != nil || sql == "" {
 		return err
 	}
-	hdr, err := encodeHeaders(r.Headers)
-	if err != nil {
-		return err
-	}
-	if l.held {
-		if !presumed(r) {
-			b.Queue(s.sql.completeHeld, l.Consumer, l.Tenant, l.stored, string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr).Exec(completedOrLost)
-		}
-		return nil
-	}
-	b.Queue(s.sql.complete, l.Consumer, l.Tenant, l.stored, l.Token, string(r.Outcome), r.Code, r.Response, r.Reason, hdr).Exec(completedOrLost)
+	b.Queue(sql, args...).Exec(completedOrLost)
 	return nil
 }
 
