@@ -11,10 +11,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
-// DefaultDialTimeout bounds Apply's connect (TCP, TLS and the AMQP
-// handshake) where a TopologyConfig leaves DialTimeout zero.
+// DefaultDialTimeout bounds the connect to one broker address (TCP, TLS and
+// the AMQP handshake) where a Config or a TopologyConfig leaves DialTimeout
+// zero.
 const DefaultDialTimeout = 30 * time.Second
 
 // TopologyConfig shapes the topology of one work queue: what NewTopology
@@ -320,7 +323,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	return nil
 }
 
-// Apply dials the broker at url, declares the topology cfg shapes (as
+// Apply dials the broker at url (one AMQP URL, or several separated by
+// commas: the first that answers, tried in random order), declares the topology cfg shapes (as
 // Topology.Declare: idempotent) and closes the connection. The connect is
 // bounded by cfg.DialTimeout; the whole of it ends when ctx does.
 func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
@@ -328,7 +332,12 @@ func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
-	conn, err := dial(ctx, url, c.AMQPConfig, c.ConnectionName, c.DialTimeout)
+	addrs, err := amqpdial.Parse(url)
+	if err != nil {
+		return fmt.Errorf("apply topology: %w", err)
+	}
+	d := amqpdial.Dialer{Addrs: addrs, Name: c.ConnectionName, Config: c.AMQPConfig, Timeout: c.DialTimeout}
+	conn, err := d.Dial(ctx)
 	if err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
