@@ -162,6 +162,10 @@ type Config struct {
 	// ClassicQueues declares classic queues instead of quorum queues (for
 	// brokers without quorum support; dead-lettering is then at-most-once).
 	ClassicQueues bool
+	// QuorumInitialGroupSize, when positive, sets every quorum queue's
+	// x-quorum-initial-group-size (TopologyConfig.QuorumInitialGroupSize).
+	// Zero, the default, leaves the replica count to the broker.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to the exchanges its messages are
 	// published to (declared with the rest of the topology, on connect).
 	// Retry and dead-letter copies never go back through them.
@@ -298,6 +302,8 @@ func (c *Config) TopologyConfig() TopologyConfig {
 		AMQPConfig:      d.AMQPConfig,
 		ConnectionName:  d.ConnectionName,
 		DialTimeout:     d.DialTimeout,
+
+		QuorumInitialGroupSize: d.QuorumInitialGroupSize,
 	}.WithDefaults()
 }
 

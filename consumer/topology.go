@@ -40,6 +40,11 @@ type TopologyConfig struct {
 	DeliveryLimit int
 	// ClassicQueues declares classic queues instead of quorum queues.
 	ClassicQueues bool
+	// QuorumInitialGroupSize, when positive, is every quorum queue's
+	// x-quorum-initial-group-size: how many cluster nodes get a replica at
+	// declaration. Zero leaves it to the broker (rabbit.quorum_cluster_size,
+	// default 3: every node of a three-node cluster). See docs/topology.md.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to exchanges that publishers publish to.
 	// Retry and dead-letter copies never go through them (docs/topology.md).
 	Bindings []Binding
@@ -81,6 +86,9 @@ func (c TopologyConfig) Validate() error {
 	}
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
+	}
+	if c.QuorumInitialGroupSize < 0 {
+		errs = append(errs, fmt.Errorf("quorum initial group size %d must not be negative", c.QuorumInitialGroupSize))
 	}
 	for _, b := range c.Bindings {
 		if err := b.validate(c.Queue); err != nil {
@@ -172,6 +180,9 @@ type Topology struct {
 	ClassicQueues bool
 	// DeliveryLimit is the work queue's x-delivery-limit (quorum queues only).
 	DeliveryLimit int
+	// QuorumInitialGroupSize is the quorum queues'
+	// x-quorum-initial-group-size; 0: not set, the broker's default.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to publishers' exchanges.
 	Bindings []Binding
 }
@@ -187,6 +198,8 @@ func NewTopology(cfg TopologyConfig) Topology {
 		ClassicQueues: c.ClassicQueues,
 		DeliveryLimit: c.DeliveryLimit,
 		Bindings:      c.Bindings,
+
+		QuorumInitialGroupSize: c.QuorumInitialGroupSize,
 	}
 }
 
@@ -260,6 +273,9 @@ func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 		// reject-publish overflow; otherwise it falls back to at-most-once.
 		args["x-dead-letter-strategy"] = "at-least-once"
 		args["x-overflow"] = "reject-publish"
+		if t.QuorumInitialGroupSize > 0 {
+			args["x-quorum-initial-group-size"] = int64(t.QuorumInitialGroupSize)
+		}
 	}
 	for k, v := range extra {
 		args[k] = v
