@@ -200,11 +200,13 @@ func (c *Consumer) ready() {
 // Run consumes until ctx ends, then stops consuming, lets in-flight handlers
 // finish (bounded by ShutdownTimeout), acks them and closes; it returns nil
 // after a clean stop. A lost connection or channel is redialled with backoff,
-// the topology redeclared and consuming resumed.
+// the topology redeclared and consuming resumed; each dial goes through
+// the addresses of Config.URL in a fresh random order, so a consumer whose
+// node dies resumes on another.
 //
 // Before it consumes for the first time, Run returns an error for what
 // retrying cannot fix: a schema not migrated as far as this build needs
-// (dedup.Store.Check; run `idemq migrate`), a malformed URL, credentials or
+// (dedup.Store.Check; run `idemq migrate`), credentials or
 // a vhost the broker refuses (403 ACCESS_REFUSED, 530 NOT_ALLOWED), a
 // configuration the broker refuses (a queue declared with other arguments,
 // a missing queue with SkipDeclare). A broker or database out of reach is
