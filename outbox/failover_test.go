@@ -2,12 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestRelaySkipsADeadAddress: a relay given a list with an address that
@@ -79,4 +82,60 @@ func TestNewRelayRefusesABadURLInTheList(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "http://xxxxx@node2/") {
 		t.Fatalf("NewRelay: %v; want an error naming the bad URL, redacted", err)
 	}
+}
+
+// TestRelayOnAReadOnlyServer: a relay whose pool lands on a read-only
+// server (a standby: default_transaction_read_only) cannot claim rows (FOR
+// UPDATE is a write, SQLSTATE 25006); it backs off, publishes nothing and
+// loses nothing, and a relay on the writable server then publishes them all.
+func TestRelayOnAReadOnlyServer(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	e := newEnv(t, 4)
+	pcfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 4
+	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	roPool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(roPool.Close)
+	roOutbox, err := outbox.New(roPool, &outbox.Config{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	cfg := e.relayConfig(t)
+	cfg.NoNotify = true
+	cfg.PollInterval = 20 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	committed, _ := e.enqueueRows(t, n, 1, n, 0)
+	c := e.collect(t)
+
+	r, err := outbox.NewRelay(roOutbox, testamqp.URL(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, 20*time.Second, "the relay to report the read-only server", func() bool {
+		return strings.Contains(logs.String(), "SQLSTATE 25006")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run on the read-only server: %v", err)
+	}
+	if b := e.backlog(t); b.Pending != n {
+		t.Fatalf("pending = %d after the read-only relay, want %d", b.Pending, n)
+	}
+	if _, total := c.counts(); total != 0 {
+		t.Fatalf("%d messages published from a read-only server, want 0", total)
+	}
+
+	startRelayOf(t, e.ob, e.relayConfig(t))
+	e.waitAllPublished(t, c, committed, n)
 }
