@@ -29,6 +29,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -64,15 +65,37 @@ func Parse(list ...string) (Addrs, error) {
 			return Addrs{}, fmt.Errorf("broker URL %d of %d is empty", i+1, len(urls))
 		}
 		if _, err := amqp.ParseURI(u); err != nil {
-			// The parse error may quote the URL: redact it too.
-			where := ""
-			if len(urls) > 1 {
-				where = fmt.Sprintf(" (%d of %d)", i+1, len(urls))
-			}
-			return Addrs{}, fmt.Errorf("broker URL %s%s: %s", redact.URL(u), where, redact.Error(err))
+			return Addrs{}, badURL(u, i, len(urls), err)
 		}
 	}
 	return Addrs{urls: urls}, nil
+}
+
+// badURL describes the i-th of n URLs, u, that amqp091-go cannot parse
+// (err), without its credentials. A URL that does not even parse as a URL
+// cannot be redacted with confidence (its user and password may hold the
+// reserved characters that broke it), so neither it nor the parser's text,
+// which quotes it, is repeated.
+func badURL(u string, i, n int, err error) error {
+	where := ""
+	if n > 1 {
+		where = fmt.Sprintf(" %d of %d", i+1, n)
+	}
+	parsed, perr := url.Parse(u)
+	if perr != nil {
+		return fmt.Errorf("broker URL%s does not parse as a URL: percent-encode the reserved characters (/ ? # @ :) of its user name and password", where)
+	}
+	reason := redact.Error(err)
+	if user := parsed.User; user != nil {
+		pw, _ := user.Password()
+		if (pw != "" && strings.Contains(reason, pw)) || (user.Username() != "" && strings.Contains(reason, user.Username())) {
+			reason = "not an AMQP URL"
+		}
+	}
+	if where != "" {
+		where = " (" + where[1:] + ")"
+	}
+	return fmt.Errorf("broker URL %s%s: %s", redact.URL(u), where, reason)
 }
 
 // split cuts s at the commas followed by a new URL (a scheme and "://");

@@ -54,6 +54,8 @@ func TestParseRefusesABadURLAnywhere(t *testing.T) {
 		"amqp://guest:s3cret@n1/,,amqp://guest:s3cret@n2/",
 		"amqp://guest:s3cret@n1/,",
 		"amqp://guest:s3cret@n1:notaport/",
+		"amqp://idemq:s3cret/@:pw@[::1",
+		"amqp://guest:guest@n1/,amqp://idemq:s3cret/@:pw@n2/",
 	} {
 		_, err := Parse(in)
 		if err == nil {
