@@ -58,16 +58,24 @@ func (s isolated) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupRes
 			return broken(out, i, err), nil
 		}
 	}
-	if err := c.writeOutbox(ctx, g); err != nil {
+	// Alone, the commit is a span "idemq complete" of the delivery's trace;
+	// a group's belongs to no single trace and links to each delivery.
+	parent, name, opts := ctx, "idemq commit group", []trace.SpanStartOption{groupLinks(items)}
+	if len(items) == 1 {
+		parent, name, opts = items[0].ctx, "idemq complete", nil
+	}
+	cctx, cspan := c.tracer.Start(parent, name, opts...)
+	defer cspan.End()
+	if err := c.writeOutbox(cctx, g); err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
 		return failAll(out, err), nil
 	}
-	leased, err := s.giveUpHeld(ctx, tx, items, out)
+	leased, err := s.giveUpHeld(cctx, tx, items, out)
 	if err != nil {
+		cspan.SetStatus(codes.Error, redact.Error(err))
 		return failAll(out, err), nil
 	}
 	c.crashAt(kit.StageBeforeCommit, "", committing(items, out), tx)
-	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
-	defer cspan.End()
 	if err := c.commit(cctx, tx); err != nil {
 		// The commit's fate is unknown: the keys are released (a no-op for
 		// those it did complete) and retried; a retry is a duplicate if it
