@@ -21,7 +21,8 @@ const confirmWindow = 256
 // not confirmed, so a message may be published more than once, as a real
 // publisher's retry would.
 type publisher struct {
-	url   string
+	urls  []string
+	next  int // the address to dial first
 	queue string
 	plan  *plan
 	rate  float64
@@ -34,8 +35,8 @@ type publisher struct {
 	finished                                     atomic.Bool
 }
 
-func newPublisher(url, queue string, p *plan, rate float64) *publisher {
-	return &publisher{url: url, queue: queue, plan: p, rate: rate}
+func newPublisher(urls []string, queue string, p *plan, rate float64) *publisher {
+	return &publisher{urls: urls, queue: queue, plan: p, rate: rate}
 }
 
 // message is the publishing of one copy of op o.
@@ -219,7 +220,7 @@ func (p *publisher) channel() (*amqp.Channel, error) {
 		return p.ch, nil
 	}
 	p.reset()
-	conn, err := amqp.DialConfig(p.url, amqp.Config{Properties: connName("idemq-chaos-publisher"), Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 5 * time.Second})
+	conn, err := dialAny(p.urls, &p.next, amqp.Config{Properties: connName("idemq-chaos-publisher"), Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 5 * time.Second})
 	if err != nil {
 		return nil, err
 	}
@@ -251,4 +252,21 @@ func (p *publisher) reset() {
 		p.reconnects.Add(1)
 	}
 	p.conn, p.ch = nil, nil
+}
+
+// dialAny dials the broker addresses in turn, from urls[*next], and leaves
+// *next at the one that answered, so that a client whose node died moves
+// on to the next one.
+func dialAny(urls []string, next *int, cfg amqp.Config) (*amqp.Connection, error) {
+	var errs []error
+	for range urls {
+		i := *next % len(urls)
+		conn, err := amqp.DialConfig(urls[i], cfg)
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+		*next = i + 1
+	}
+	return nil, fmt.Errorf("dial %d broker addresses: %w", len(urls), errors.Join(errs...))
 }
