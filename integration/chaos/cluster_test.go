@@ -422,7 +422,14 @@ func (c *cluster) rebuildStandby(ctx context.Context) (string, error) {
 	if err := os.Remove(dst.syncConf()); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
+	// pg_basebackup fills an empty directory; the parent belongs to root.
 	if err := os.RemoveAll(dst.dataDir()); err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(dst.dataDir(), 0o700); err != nil {
+		return "", err
+	}
+	if _, err := run(ctx, nil, "chown", "postgres:postgres", dst.dataDir()); err != nil {
 		return "", err
 	}
 	basebackup := filepath.Join("/usr/lib/postgresql", dst.version, "bin", "pg_basebackup")
