@@ -95,7 +95,7 @@ chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CH
 # Production topology).
 cluster: ## Soak on the production topology (3 RabbitMQ nodes, Postgres + sync standby) with node and primary failovers; creates and removes it (under 20 min)
 	@trap '$(MAKE) cluster-down' EXIT; \
-	$(GO) test -race -count=1 -timeout 19m -tags cluster -run '^TestSoakCluster$$' -v $(TESTFLAGS) ./integration/chaos/
+	$(GO) test -race -count=1 -timeout 19m -tags cluster -run '^(TestFailoverLosesOnlyAsynchronousReservations|TestSoakCluster)$$' -v $(TESTFLAGS) ./integration/chaos/
 
 cluster-down: ## Remove what make cluster left: nodes idemq-c1..c3@localhost and Postgres clusters 15/idemqpga, 15/idemqpgb
 	@$(GO) test -count=1 -tags cluster -run '^TestClusterDown$$' ./integration/chaos/

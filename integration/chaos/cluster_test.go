@@ -94,9 +94,17 @@ func (c *cluster) pgURL() string {
 // when t ends.
 func newClusterServices(t *testing.T) *services {
 	t.Helper()
-	c := newCluster()
-	s := &services{mode: "cluster", cluster: c, pgURL: c.pgURL(), amqpURL: c.nodes[0].url, amqpURLs: c.amqpURLs(),
+	c := setUpCluster(t, true)
+	return &services{mode: "cluster", cluster: c, pgURL: c.pgURL(), amqpURL: c.nodes[0].url, amqpURLs: c.amqpURLs(),
 		pgHostPort: "cluster", amqpHostPort: "cluster"}
+}
+
+// setUpCluster creates the Postgres primary and standby, and the RabbitMQ
+// nodes when rabbit is set, for t, removing first what an earlier run left,
+// and tears them down when t ends.
+func setUpCluster(t *testing.T, rabbit bool) *cluster {
+	t.Helper()
+	c := newCluster()
 	lockServices(t, "cluster")
 	keep := os.Getenv("IDEMQ_CHAOS_KEEP_CLUSTER") != ""
 	t.Cleanup(func() {
@@ -116,12 +124,21 @@ func newClusterServices(t *testing.T) *services {
 	if err := c.teardown(ctx); err != nil {
 		t.Fatalf("cluster: remove what an earlier run left: %v", err)
 	}
-	if err := c.up(ctx); err != nil {
+	if rabbit {
+		if err := c.upRabbit(ctx); err != nil {
+			t.Fatalf("cluster: %v", err)
+		}
+	}
+	if err := c.upPostgres(ctx); err != nil {
 		t.Fatalf("cluster: %v", err)
 	}
-	t.Logf("cluster: 3 RabbitMQ nodes joined (%s), Postgres %s primary on %d with synchronous standby %s on %d, in %.1fs",
-		strings.Join(c.nodeNames(), ", "), c.pg[0], c.pg[0].port, c.pg[1], c.pg[1].port, time.Since(t0).Seconds())
-	return s
+	what := ""
+	if rabbit {
+		what = fmt.Sprintf("%d RabbitMQ nodes joined (%s), ", clusterNodes, strings.Join(c.nodeNames(), ", "))
+	}
+	t.Logf("cluster: %sPostgres %s primary on %d with synchronous standby %s on %d, in %.1fs",
+		what, c.pg[0], c.pg[0].port, c.pg[1], c.pg[1].port, time.Since(t0).Seconds())
+	return c
 }
 
 func (c *cluster) nodeNames() []string {
@@ -132,9 +149,8 @@ func (c *cluster) nodeNames() []string {
 	return out
 }
 
-// up creates the three RabbitMQ nodes and joins them, then the Postgres
-// primary and its synchronous standby.
-func (c *cluster) up(ctx context.Context) error {
+// upRabbit creates the three RabbitMQ nodes and joins them.
+func (c *cluster) upRabbit(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.nodes))
 	for i, n := range c.nodes {
@@ -167,7 +183,11 @@ func (c *cluster) up(ctx context.Context) error {
 	if len(st.Running) != clusterNodes {
 		return fmt.Errorf("cluster_status: running nodes %v, want %d", st.Running, clusterNodes)
 	}
+	return nil
+}
 
+// upPostgres creates the Postgres primary and its synchronous standby.
+func (c *cluster) upPostgres(ctx context.Context) error {
 	primary := c.pg[0]
 	for _, p := range c.pg {
 		if err := p.create(ctx, "--auth=trust"); err != nil {
@@ -178,7 +198,7 @@ func (c *cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.primary = 0
-	_, err = c.rebuildStandby(ctx)
+	_, err := c.rebuildStandby(ctx)
 	return err
 }
 
