@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
@@ -19,7 +20,8 @@ import (
 // TestFailoverLosesOnlyAsynchronousReservations shows, on the Postgres
 // primary and synchronous standby of make cluster, what a failover can and
 // cannot lose. A key completed in its handler's transaction (synchronous
-// commit) is on the standby before COMMIT returns. A reservation
+// commit) is on the standby before COMMIT returns; a store that reaches
+// the standby alone cannot reserve (read_only_sql_transaction). A reservation
 // (synchronous_commit = off) is not waited for: with the primary's WAL
 // sender frozen (SIGSTOP), one is made, the primary stopped -m immediate and
 // the standby promoted, and the reservation is gone. Its holder's
@@ -80,6 +82,23 @@ func TestFailoverLosesOnlyAsynchronousReservations(t *testing.T) {
 	}
 
 	primary, standby := c.pg[c.primary], c.pg[1-c.primary]
+
+	// A store that reaches the standby alone (no target_session_attrs)
+	// cannot reserve: an error, read_only_sql_transaction, which the
+	// runtime treats as an infrastructure failure; no decision, no row.
+	roPool, err := pgxpool.New(ctx, standby.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer roPool.Close()
+	roStore, err := dedup.NewStore(roPool, &dedup.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if res, err := roStore.Reserve(ctx, claim("on-the-standby")); !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+		t.Fatalf("reserve on the standby: %v, %v; want read_only_sql_transaction (25006)", res.Decision, err)
+	}
 	var sender int
 	if err := primary.query(ctx, "SELECT pid FROM pg_stat_replication WHERE sync_state = 'sync'", &sender); err != nil {
 		t.Fatalf("find the WAL sender of the synchronous standby: %v", err)
