@@ -4,6 +4,9 @@ package chaos
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -33,6 +36,21 @@ func TestSoakCluster(t *testing.T) {
 		LeaseMS:      5000,
 		Cluster:      true,
 	})
+}
+
+// TestClusterUp creates the cluster topology and leaves it running (make
+// cluster-up), to point idemq at by hand; TestClusterDown removes it.
+func TestClusterUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := newCluster()
+	if err := c.teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(c.upRabbit(ctx), c.upPostgres(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("IDEMQ_AMQP_URL=%s\nIDEMQ_POSTGRES_URL=%s\n", strings.Join(c.amqpURLs(), ","), c.pgURL())
 }
 
 // TestClusterDown removes what a cluster soak left (make cluster runs it
