@@ -51,15 +51,19 @@ var followUps = map[string]string{
 	faultPGFailover:       faultPGStandby,
 }
 
+// drawn are the fault kinds the run draws from.
+func (o soakOptions) drawn() []string {
+	if o.Kinds == nil {
+		return faultKinds
+	}
+	return o.Kinds
+}
+
 // kinds are the fault kinds of the run, drawn ones and follow-ups, in the
 // order of the report.
 func (o soakOptions) kinds() []string {
-	drawn := o.Kinds
-	if drawn == nil {
-		drawn = faultKinds
-	}
 	var out []string
-	for _, k := range drawn {
+	for _, k := range o.drawn() {
 		out = append(out, k)
 		if f := followUps[k]; f != "" {
 			out = append(out, f)
@@ -88,10 +92,7 @@ type faultRecord struct {
 // (and, with EveryKind, every kind was injected), the run stalls (true) or
 // ctx ends.
 func (s *soak) injectFaults(ctx context.Context) (stalled bool) {
-	drawn := s.o.Kinds
-	if drawn == nil {
-		drawn = faultKinds
-	}
+	drawn := s.o.drawn()
 	var required []string
 	if s.o.EveryKind {
 		for range max(s.o.Rounds, 1) {
