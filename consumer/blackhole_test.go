@@ -33,13 +33,17 @@ func TestBlackHoledPostgres(t *testing.T) {
 		// results are the presumed ones.
 		"held begin":   []byte("SET LOCAL idle_in_transaction_session_timeout"),
 		"held reserve": []byte("'completed', c.fingerprint"),
+		// Alone, the single-key reservation.
+		"held reserve one": []byte("'completed', $4::bytea"),
 	}
 	cases := []struct {
 		mode mode
 		call string
 	}{
-		{"single", commit},
-		{"group", begin}, {"group", "savepoint"}, {"group", commit},
+		{modeSingle, "held begin"}, {modeSingle, "held reserve one"}, {modeSingle, "savepoint"}, {modeSingle, commit},
+		{modeSingleSeparate, commit},
+		{modeGroup, "held begin"}, {modeGroup, "held reserve"}, {modeGroup, "savepoint"}, {modeGroup, commit},
+		{modeGroupSeparate, begin}, {modeGroupSeparate, "savepoint"}, {modeGroupSeparate, commit},
 		{modeOptimistic, "held begin"}, {modeOptimistic, "held reserve"}, {modeOptimistic, commit},
 		{modeBatch, "held begin"}, {modeBatch, "held reserve"}, {modeBatch, commit},
 		{modeOptimisticSeparate, begin}, {modeOptimisticSeparate, complete}, {modeOptimisticSeparate, commit},
@@ -58,9 +62,10 @@ func testBlackHoled(t *testing.T, m mode, trigger []byte) {
 	h := newHarness(t, m, func(c *consumer.Config) {
 		c.Concurrency = 1
 		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, m.optimistic(), time.Second
-		if m == modeSingle {
+		if m.single() {
 			c.GroupSize = 1
 		}
+		c.SeparateReservations = m.separate()
 		c.StoreTimeout, c.HandlerTimeout = time.Second, 2*time.Second
 		c.Lease = 2 * time.Second
 		c.MaxAttempts = 10 // retries while the database is away must not dead-letter

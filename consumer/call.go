@@ -26,13 +26,13 @@ import (
 
 // call runs the handler of one item in tx and maps its return to the result
 // to store (nil error) or the failure.
-func (c *Consumer) call(it *item, tx pgx.Tx) (dedup.Result, error) {
+func (c *Consumer) call(it *item, tx pgx.Tx, sp *savepoints) (dedup.Result, error) {
 	ctx, cancel := context.WithTimeoutCause(it.hctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
 	c.crashTx([]*item{it}, tx)
-	resp, err := c.safeCall(c.withClaim(ctx, it.del), handlerTx{tx}, it.del)
+	resp, err := c.safeCall(c.withClaim(ctx, it.del), handlerTx{tx, sp}, it.del)
 	if rej := (*RejectError)(nil); errors.As(err, &rej) {
 		span.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
 	}
@@ -64,7 +64,7 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, tx pgx.Tx) ([]d
 	for i, it := range items {
 		dels[i] = it.del
 	}
-	resps, err := c.safeBatchCall(ctx, handlerTx{tx}, dels)
+	resps, err := c.safeBatchCall(ctx, handlerTx{Tx: tx}, dels)
 	if err == nil && len(resps) != len(items) {
 		err = fmt.Errorf("batch handler returned %d responses for %d deliveries", len(resps), len(items))
 	}
@@ -109,14 +109,6 @@ func (c *Consumer) safeBatchCall(ctx context.Context, tx pgx.Tx, ds []*Delivery)
 	return c.batchHandler(ctx, tx, ds)
 }
 
-// handlerTx is the runtime's transaction as a handler sees it: the runtime
-// commits it, once, after completing the keys, so that the handler's
-// effects and its key's completion commit together or not at all.
-type handlerTx struct{ pgx.Tx }
-
 // ErrHandlerTx is what a handler's Commit or Rollback of the transaction it
 // was given returns: the transaction belongs to the runtime.
 var ErrHandlerTx = errors.New("the handler's transaction belongs to the runtime: it commits after completing the key, or rolls back")
-
-func (handlerTx) Commit(context.Context) error   { return ErrHandlerTx }
-func (handlerTx) Rollback(context.Context) error { return ErrHandlerTx }

@@ -80,26 +80,32 @@ type Config struct {
 	// transactional writes count once): use it only for handlers whose
 	// effects all go through the transaction.
 	GroupOptimistic bool
-	// SeparateReservations makes the whole-group modes (a BatchHandler,
-	// GroupOptimistic) reserve a group's keys the way per-message groups
-	// do: with a statement of their own that commits before the handlers
-	// run. By default those modes reserve the keys inside the group's own
-	// transaction instead, and each key row is written once (completed, with
-	// the presumed default result, see dedup.Store.ReserveBatchTx): one
-	// commit per group instead of two. The guarantees are the same (no
-	// double effect, no lost message); what others see differs: a
-	// reservation is invisible until the commit, so a copy of a key being
-	// processed elsewhere waits for that commit (and is then a duplicate)
-	// instead of finding it busy, for at most StoreTimeout; no lease is
+	// SeparateReservations makes every group reserve its keys with a
+	// statement of its own that commits before the handlers run, each key
+	// under a lease that others can see and a heartbeat extends. By
+	// default a group reserves its keys inside its own transaction instead,
+	// in every mode (per-message groups, a group of one, optimistic groups,
+	// batch handlers), and each key row is written once (completed, with the
+	// presumed default result, see dedup.Store.ReserveBatchTx): one commit
+	// per group instead of two. The guarantees are the same (no double
+	// effect, no lost message); what others see differs: a reservation is
+	// invisible until the commit, so a copy of a key being processed
+	// elsewhere waits for that commit (and is then a duplicate) instead of
+	// finding it busy, for at most StoreTimeout (then it comes back later,
+	// as a busy copy does, without counting an attempt); no lease is
 	// extended (the transaction's row lock is the lease, and a worker that
 	// dies or loses its connection takes its reservations with it: the
 	// group's transaction sets idle_in_transaction_session_timeout to
 	// HandlerTimeout + StoreTimeout, so a worker cut off from Postgres
-	// cannot hold them longer). A handler that calls Delivery.Step, which
-	// needs a lease others can see, makes the group run again with
-	// separate reservations, and every later group too; a group that fails
-	// runs again with separate reservations. A group of one always reserves
-	// separately.
+	// cannot hold them longer). A handler that fails gives its key up in
+	// the group's commit (released, as with a separate lease). A handler
+	// that calls Delivery.Step, which needs a lease others can see, gets
+	// ErrStepInBatch from it: that delivery runs again with a separate
+	// reservation (its handler called a second time, its first call's
+	// writes rolled back), and every later group of the consumer reserves
+	// separately. Set it for handlers whose first Step must not be
+	// preceded by a call that stops at it, or that are slow enough that
+	// copies should find their keys busy rather than wait.
 	SeparateReservations bool
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries

@@ -58,9 +58,6 @@ type Consumer struct {
 	batchHandler BatchHandler
 	// strategy runs a group's handlers (isolated, optimistic or batch).
 	strategy strategy
-	// claimInTx: groups reserve their keys inside the group's
-	// transaction (see runInTx).
-	claimInTx bool
 	// stepsSeen: a handler called Delivery.Step in a group that held its
 	// keys, so groups reserve separately from then on.
 	stepsSeen    atomic.Bool
@@ -158,7 +155,6 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		metrics:      m,
 	}
 	cons.strategy = cons.newStrategy()
-	cons.claimInTx = (bh != nil || c.GroupOptimistic) && !c.SeparateReservations
 	cons.notReady(errors.New("not running"))
 	return cons, nil
 }

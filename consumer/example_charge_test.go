@@ -77,9 +77,7 @@ func ExampleDelivery_DerivedKey() {
 	}
 
 	gateway := &processor{charges: map[string]string{}}
-	attempt := 0
 	charge := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-		attempt++
 		var p struct {
 			Card   string `json:"card"`
 			Amount int64  `json:"amount"`
@@ -89,7 +87,7 @@ func ExampleDelivery_DerivedKey() {
 		}
 		err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
 			id := gateway.Charge(d.DerivedKey("charge"), p.Card, p.Amount)
-			if attempt == 1 {
+			if d.Attempt == 1 {
 				return errors.New("connection lost before the step committed")
 			}
 			// Committed with the recovery point "charge".
@@ -103,7 +101,7 @@ func ExampleDelivery_DerivedKey() {
 		if err := tx.QueryRow(ctx, "SELECT charge_id FROM "+dbSchema+".charges WHERE order_id = $1", d.Key).Scan(&chargeID); err != nil {
 			return consumer.Response{}, err
 		}
-		if attempt == 2 {
+		if d.Attempt == 2 {
 			return consumer.Response{}, errors.New("receipt service unavailable")
 		}
 		return consumer.Response{Code: 201, Body: []byte(chargeID)}, nil

@@ -71,6 +71,10 @@ func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 	switch m {
 	case modeSingle:
 		h.cfg.GroupSize = 1
+	case modeGroupSeparate:
+		h.cfg.SeparateReservations = true
+	case modeSingleSeparate:
+		h.cfg.GroupSize, h.cfg.SeparateReservations = 1, true
 	case modeOptimistic:
 		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
 	case modeOptimisticSeparate:
@@ -280,10 +284,15 @@ var pgxNew = pgxpool.New
 type mode string
 
 const (
-	// modeGroup: group commit with a savepoint per handler (the default).
+	// modeGroup: group commit with a savepoint per handler, the keys
+	// reserved in the group's transaction (the default).
 	modeGroup mode = "group"
+	// modeGroupSeparate: the same with separate reservations.
+	modeGroupSeparate mode = "group-separate"
 	// modeSingle: one transaction per message (GroupSize 1).
 	modeSingle mode = "single"
+	// modeSingleSeparate: the same with a separate reservation.
+	modeSingleSeparate mode = "single-separate"
 	// modeOptimistic: group commit without a savepoint per handler, the
 	// keys reserved in the group's transaction.
 	modeOptimistic mode = "optimistic"
@@ -295,7 +304,7 @@ const (
 	modeBatchSeparate mode = "batch-separate"
 )
 
-var modes = []mode{modeGroup, modeSingle, modeOptimistic, modeOptimisticSeparate, modeBatch, modeBatchSeparate}
+var modes = []mode{modeGroup, modeGroupSeparate, modeSingle, modeSingleSeparate, modeOptimistic, modeOptimisticSeparate, modeBatch, modeBatchSeparate}
 
 // batch reports whether the mode runs a BatchHandler.
 func (m mode) batch() bool { return m == modeBatch || m == modeBatchSeparate }
@@ -303,9 +312,15 @@ func (m mode) batch() bool { return m == modeBatch || m == modeBatchSeparate }
 // optimistic reports whether the mode runs optimistic groups.
 func (m mode) optimistic() bool { return m == modeOptimistic || m == modeOptimisticSeparate }
 
-// separate reports whether the mode's whole groups reserve their keys with
-// a statement of their own (as per-message groups always do).
-func (m mode) separate() bool { return m != modeOptimistic && m != modeBatch }
+// separate reports whether the mode's groups reserve their keys with a
+// statement of their own (Config.SeparateReservations), so that each key
+// has a lease others can see (and a heartbeat, and a lease to lose).
+func (m mode) separate() bool {
+	return m == modeGroupSeparate || m == modeSingleSeparate || m == modeOptimisticSeparate || m == modeBatchSeparate
+}
+
+// single reports whether the mode runs one delivery per transaction.
+func (m mode) single() bool { return m == modeSingle || m == modeSingleSeparate }
 
 // forEachMode runs test once per consumer mode, as parallel subtests.
 func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
@@ -156,12 +158,7 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 		seen[k] = true
 		claimable = append(claimable, it)
 	}
-	if !c.claimInTx || c.stepsSeen.Load() || !c.runInTx(ctx, s, claimable) {
-		if acquired := c.claim(ctx, s, claimable); len(acquired) > 0 {
-			c.crashAt(kit.StageAfterReserve, "", acquired)
-			c.execute(ctx, s, acquired)
-		}
-	}
+	c.run(ctx, s, claimable)
 	s.flush()
 	for _, it := range items {
 		if !it.repeat {
@@ -178,11 +175,63 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 	}
 }
 
-// claim reserves the items' keys with one statement and settles the items
-// that did not acquire theirs; it returns the acquired ones, in the global
-// key order that batch reservations lock in (so that two groups never wait
-// on each other in a cycle).
-func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item {
+// run claims the items' keys and executes the items that acquired theirs.
+// Unless Config.SeparateReservations, the keys are reserved inside the
+// group's own transaction (held: see dedup.Store.ReserveBatchTx), so that
+// the reservations, the effects and the completions commit once; a held
+// group that must run another way (a whole group whose handler failed; a
+// handler that calls Step, which needs a lease others can see) rolls back
+// and is claimed again, as execute says.
+func (c *Consumer) run(ctx context.Context, s *session, items []*item) {
+	st := c.strategy
+	for len(items) > 0 {
+		items, st = c.claimAndExecute(ctx, s, items, st)
+	}
+}
+
+// claimAndExecute is one round of run: it claims the items' keys (in the
+// group's transaction when it holds them) and executes the acquired items
+// under st; it returns what execute returns.
+func (c *Consumer) claimAndExecute(ctx context.Context, s *session, items []*item, st strategy) ([]*item, strategy) {
+	var held pgx.Tx
+	if c.holdsKeys() {
+		var err error
+		if held, err = c.beginHeld(ctx); err != nil {
+			c.reserveFailed(s, items, err)
+			return nil, st
+		}
+		// After the commit, a no-op; also when the test kit crashes the group.
+		defer c.rollback(ctx, held)
+	}
+	acquired := c.claim(ctx, s, items, held)
+	if len(acquired) == 0 {
+		return nil, st
+	}
+	c.crashAt(kit.StageAfterReserve, "", acquired, held)
+	return c.execute(ctx, s, acquired, held, st)
+}
+
+// sawSteps records that a handler called Delivery.Step in a group that
+// held its keys. Steps need leases others can see: from now on every group
+// reserves its keys separately.
+func (c *Consumer) sawSteps() {
+	if c.stepsSeen.CompareAndSwap(false, true) {
+		c.log.Info("the handler runs steps: groups reserve their keys separately from now on")
+	}
+}
+
+// holdsKeys reports whether groups reserve their keys in their own
+// transaction.
+func (c *Consumer) holdsKeys() bool {
+	return !c.cfg.SeparateReservations && !c.stepsSeen.Load()
+}
+
+// claim reserves the items' keys with one statement, in held (the group's
+// transaction) or, when nil, on its own, and settles the items that did not
+// acquire theirs; it returns the acquired ones, in the global key order that
+// batch reservations lock in (so that two groups never wait on each other
+// in a cycle).
+func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pgx.Tx) []*item {
 	if len(items) == 0 {
 		return nil
 	}
@@ -199,9 +248,9 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 	rctx, cancel := c.storeCtx(parent)
 	defer cancel()
 	rctx, rspan := c.tracer.Start(rctx, name, opts...)
-	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)))
+	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", held != nil))
 	t0 := time.Now()
-	res, err := c.reserve(rctx, claims)
+	res, err := c.reserve(rctx, held, claims)
 	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	if err == nil && len(items) == 1 {
 		rspan.SetAttributes(attribute.String("idemq.decision", res[0].Decision.String()))
@@ -211,12 +260,16 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 	}
 	rspan.End()
 	if err != nil {
-		// The key store is unreachable: an infrastructure failure.
-		for _, it := range items {
-			rerr := fmt.Errorf("%w: %w", errReserve, err)
-			c.retryOrDeadLetter(s, it, rerr)
-			c.logFailure("reserve failed", it, rerr)
+		if held != nil && rctx.Err() != nil {
+			// A held reservation waits for the transactions that hold the
+			// same keys: they are busy elsewhere, not failing.
+			for _, it := range items {
+				it.ev.Outcome = OutcomeInProgress
+				c.retryLater(s, it, c.topo.tierAtLeast(busyRecheck), fmt.Errorf("%w: %w", errReserve, err))
+			}
+			return nil
 		}
+		c.reserveFailed(s, items, err)
 		return nil
 	}
 	var acquired []*item
@@ -232,14 +285,35 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) []*item
 	return acquired
 }
 
-// reserve reserves the claims with one statement: the single-key one for
-// a group of one (no arrays to build and sort), else the batch one.
-func (c *Consumer) reserve(ctx context.Context, claims []dedup.Claim) ([]dedup.Reservation, error) {
-	if len(claims) == 1 {
-		r, err := c.store.Reserve(ctx, claims[0])
-		return []dedup.Reservation{r}, err
+// reserveFailed routes items whose keys could not be reserved (the key
+// store unreachable, its schema missing): an infrastructure failure.
+func (c *Consumer) reserveFailed(s *session, items []*item, err error) {
+	for _, it := range items {
+		rerr := fmt.Errorf("%w: %w", errReserve, err)
+		c.retryOrDeadLetter(s, it, rerr)
+		c.logFailure("reserve failed", it, rerr)
 	}
-	return c.store.ReserveBatch(ctx, claims)
+}
+
+// reserve reserves the claims with one statement, in held when it is not
+// nil: the single-key one for a group of one (no arrays to build and sort),
+// else the batch one.
+func (c *Consumer) reserve(ctx context.Context, held pgx.Tx, claims []dedup.Claim) ([]dedup.Reservation, error) {
+	var (
+		r   dedup.Reservation
+		err error
+	)
+	switch {
+	case len(claims) > 1 && held != nil:
+		return c.store.ReserveBatchTx(ctx, held, claims)
+	case len(claims) > 1:
+		return c.store.ReserveBatch(ctx, claims)
+	case held != nil:
+		r, err = c.store.ReserveTx(ctx, held, claims[0])
+	default:
+		r, err = c.store.Reserve(ctx, claims[0])
+	}
+	return []dedup.Reservation{r}, err
 }
 
 // groupResult is one acquired item's fate inside the shared transaction.
@@ -251,19 +325,86 @@ type groupResult struct {
 	bystander bool
 }
 
-// execute runs the acquired items under the consumer's strategy, with one
-// heartbeat for their leases, and settles each.
-func (c *Consumer) execute(ctx context.Context, s *session, items []*item) {
+// execute runs the acquired items under strategy st in held, the group's
+// transaction that holds their keys, or (nil) in a transaction of its own
+// while one heartbeat extends their separate leases, and settles each item.
+// A held isolated group's items whose handler called Step leave its commit
+// with leases others can see, and run again under them. A held group whose
+// whole run failed cannot run again as it is (its keys went with the
+// rollback): execute returns its items, to be claimed again, with the
+// strategy to run them under.
+func (c *Consumer) execute(ctx context.Context, s *session, items []*item, held pgx.Tx, st strategy) ([]*item, strategy) {
 	defer c.handling(ctx, items)()
-	stop := c.heartbeat(ctx, items)
-	defer stop() // also when the test kit crashes the group (crash.go)
+	if held == nil {
+		stop := c.heartbeat(ctx, items)
+		defer stop() // also when the test kit crashes the group (crash.go)
+	}
 	t0 := time.Now()
-	results := c.strategy.run(ctx, items)
+	results, next := c.attempt(ctx, items, held, st)
 	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
-	stop()
+	if results == nil {
+		return items, next
+	}
+	var steppers []*item
+	if held != nil {
+		n := 0
+		for i, it := range items {
+			if errors.Is(results[i].err, ErrStepInBatch) {
+				if !it.lease.HeldByTransaction() {
+					steppers = append(steppers, it) // leased by the commit
+					continue
+				}
+				// The group did not commit: its key went with the rollback.
+				results[i].bystander = true
+			}
+			items[n], results[n] = it, results[i]
+			n++
+		}
+		items, results = items[:n], results[:n]
+	}
 	c.crashAt(kit.StageAfterCommit, "", committing(items, results))
 	c.releaseFailed(ctx, items, results)
 	c.settle(s, items, results)
+	if len(steppers) > 0 {
+		c.sawSteps()
+		return c.execute(ctx, s, steppers, nil, next)
+	}
+	return nil, next
+}
+
+// attempt runs the items under st in held, or in transactions of its own:
+// a whole group that fails runs again isolated, in a new transaction. A
+// held group cannot: its keys went with the rollback, and attempt returns no
+// results and the strategy to claim the items again with.
+func (c *Consumer) attempt(ctx context.Context, items []*item, held pgx.Tx, st strategy) ([]groupResult, strategy) {
+	for tx := held; ; tx = nil {
+		results, err := c.runIn(ctx, tx, items, st)
+		if err == nil {
+			return results, st
+		}
+		if errors.Is(err, ErrStepInBatch) {
+			c.sawSteps()
+		} else {
+			st = isolated{c}
+		}
+		if held != nil {
+			return nil, st
+		}
+	}
+}
+
+// runIn runs the items under st in tx, or (nil) in a transaction of its
+// own; the transaction is rolled back unless st committed it.
+func (c *Consumer) runIn(ctx context.Context, tx pgx.Tx, items []*item, st strategy) ([]groupResult, error) {
+	if tx == nil {
+		var err error
+		if tx, err = c.beginGroup(ctx); err != nil {
+			return failAll(make([]groupResult, len(items)), err), nil
+		}
+	}
+	// After the commit, a no-op; also when the test kit crashes the group.
+	defer c.rollback(ctx, tx)
+	return st.run(ctx, tx, items)
 }
 
 // settle gives each executed item its outcome from its result.

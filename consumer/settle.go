@@ -138,7 +138,8 @@ func (c *Consumer) releaseReason(it *item, herr error, bystander bool) string {
 
 // releaseFailed releases, with one statement bounded by StoreTimeout, the
 // keys of the items whose run did not commit (a lost lease has nothing to
-// release), so that their retries take them over at once. Each key is
+// release; a key held by the group's transaction was given up in it, or
+// went with its rollback), so that their retries take them over at once. Each key is
 // released with the reason settleFailure then routes its delivery by, so
 // that a key given up on reads as released by permanent_error or
 // max_attempts_exceeded.
@@ -148,7 +149,7 @@ func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []g
 		reasons []string
 	)
 	for i, it := range items {
-		if r := results[i]; r.err != nil && !errors.Is(r.err, dedup.ErrLeaseLost) {
+		if r := results[i]; r.err != nil && !errors.Is(r.err, dedup.ErrLeaseLost) && !it.lease.HeldByTransaction() {
 			leases = append(leases, it.lease)
 			reasons = append(reasons, c.releaseReason(it, r.err, r.bystander))
 		}

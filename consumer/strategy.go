@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -15,62 +16,50 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// A strategy runs the handlers of a group of acquired items in one
-// transaction and commits their effects with their keys' completion. Every
-// item's result says whether its effects committed (err == nil).
+// A strategy runs the handlers of a group of acquired items in the group's
+// transaction tx and commits their effects with their keys' completion.
+// Every item's result says whether its effects committed (err == nil). An
+// error instead means that nothing committed and nothing was decided: the
+// group must run again another way (see Consumer.attempt).
 type strategy interface {
-	run(ctx context.Context, items []*item) []groupResult
+	run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult, error)
 }
 
 // newStrategy picks the consumer's strategy: batch (a BatchHandler),
 // optimistic (GroupOptimistic), else isolated.
 func (c *Consumer) newStrategy() strategy {
-	iso := isolated{c}
 	switch {
 	case c.batchHandler != nil:
-		return whole{c: c, batch: true, fallback: iso}
+		return whole{c: c, batch: true}
 	case c.cfg.GroupOptimistic:
-		return whole{c: c, fallback: iso}
+		return whole{c: c}
 	}
-	return iso
+	return isolated{c}
 }
 
 // isolated runs each handler under its own savepoint of the shared
-// transaction (none for a group of one) and completes its key there, so
-// that a failing handler rolls back only its own effects and key; then it
-// commits once.
+// transaction (none for a group of one with a separate lease) and completes
+// its key there, so that a failing handler rolls back only its own effects
+// and key; then it commits once. The keys of failed items that the
+// transaction holds are given up in it (dedup.Store.ReleaseTx) before the
+// commit; the others are released after it (releaseFailed).
 type isolated struct{ c *Consumer }
 
-func (s isolated) run(ctx context.Context, items []*item) []groupResult {
+func (s isolated) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult, error) {
 	c := s.c
+	if len(items) == 1 && !items[0].lease.HeldByTransaction() {
+		return s.runAlone(ctx, tx, items[0]), nil
+	}
 	out := make([]groupResult, len(items))
-	tx, err := c.beginGroup(ctx)
-	if err != nil {
-		return failAll(out, err)
-	}
-	defer c.rollback(ctx, tx)
-	if len(items) == 1 {
-		return s.runAlone(ctx, tx, items[0])
-	}
 	sp := &savepoints{tx: tx}
-	sctx, cancel := c.storeCtx(ctx)
-	err = sp.open(sctx)
-	cancel()
-	if err != nil {
-		return failAll(out, fmt.Errorf("savepoint: %w", err))
-	}
 	for i, it := range items {
-		if err := s.runOne(ctx, sp, it, &out[i], i < len(items)-1); err != nil {
-			// The shared transaction is broken: what ran before is lost
-			// too, through no fault of its own.
-			for j := range items {
-				if j != i && (j > i || out[j].err == nil) {
-					out[j] = groupResult{err: fmt.Errorf("group-mate broke the transaction: %w", err), bystander: true}
-				}
-			}
-			out[i] = groupResult{err: err}
-			return out
+		if err := s.runOne(ctx, sp, it, &out[i]); err != nil {
+			return broken(out, i, err), nil
 		}
+	}
+	leased, err := s.giveUpHeld(ctx, tx, items, out)
+	if err != nil {
+		return failAll(out, err), nil
 	}
 	c.crashAt(kit.StageBeforeCommit, "", committing(items, out), tx)
 	cctx, cspan := c.tracer.Start(ctx, "idemq commit group", groupLinks(items))
@@ -80,17 +69,73 @@ func (s isolated) run(ctx context.Context, items []*item) []groupResult {
 		// those it did complete) and retried; a retry is a duplicate if it
 		// committed.
 		cspan.SetStatus(codes.Error, redact.Error(err))
-		return failAll(out, fmt.Errorf("commit: %w", err))
+		for i := range out {
+			out[i] = groupResult{err: fmt.Errorf("commit: %w", err)}
+		}
+		return out, nil
 	}
+	for it, l := range leased {
+		c.acquire(it, l) // the step runs under a lease others can see
+	}
+	return out, nil
+}
+
+// broken records that item i broke the shared transaction: what ran before
+// it is lost too, through no fault of its own.
+func broken(out []groupResult, i int, err error) []groupResult {
+	for j := range out {
+		if j != i && (j > i || out[j].err == nil) {
+			out[j] = groupResult{err: fmt.Errorf("group-mate broke the transaction: %w", err), bystander: true}
+		}
+	}
+	out[i] = groupResult{err: err}
 	return out
 }
 
-// runAlone runs a group of one: the handler in tx, then the key's
-// completion and the commit in a span "idemq complete" of the delivery's
-// trace.
+// giveUpHeld gives up, in tx, the keys tx holds whose items failed, each
+// with the reason settleFailure routes it by, so that the commit leaves them
+// released instead of presumed completed; the keys of items whose handler
+// called Step (ErrStepInBatch) become leases others can see instead, under
+// which they run again once tx committed (Consumer.execute): it returns
+// those leases. One statement for each kind.
+func (s isolated) giveUpHeld(ctx context.Context, tx pgx.Tx, items []*item, out []groupResult) (map[*item]*dedup.Lease, error) {
+	var (
+		released, stepped []*dedup.Lease
+		reasons           []string
+		steppers          []*item
+	)
+	for i, it := range items {
+		switch r := out[i]; {
+		case r.err == nil || !it.lease.HeldByTransaction():
+		case errors.Is(r.err, ErrStepInBatch):
+			stepped, steppers = append(stepped, it.lease), append(steppers, it)
+		default:
+			released = append(released, it.lease)
+			reasons = append(reasons, s.c.releaseReason(it, r.err, r.bystander))
+		}
+	}
+	rctx, cancel := s.c.storeCtx(ctx)
+	defer cancel()
+	if err := s.c.store.ReleaseTx(rctx, tx, released, reasons); err != nil {
+		return nil, err
+	}
+	leases, err := s.c.store.LeaseTx(rctx, tx, stepped, s.c.cfg.Lease)
+	if err != nil {
+		return nil, err
+	}
+	leased := make(map[*item]*dedup.Lease, len(leases))
+	for i, l := range leases {
+		leased[steppers[i]] = l
+	}
+	return leased, nil
+}
+
+// runAlone runs a group of one with a separate lease: the handler in tx,
+// then the key's completion and the commit in a span "idemq complete" of
+// the delivery's trace.
 func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResult {
 	c := s.c
-	result, err := c.call(it, tx)
+	result, err := c.call(it, tx, nil)
 	if err != nil {
 		return []groupResult{{err: err}}
 	}
@@ -114,17 +159,18 @@ func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResu
 	return []groupResult{{result: result}}
 }
 
-// runOne runs one item's handler above the newest savepoint and completes
-// its key; with more items to come, the next savepoint is opened in the same
-// round trip as the completion. The item's own failure (its handler's error,
-// a lost lease) rolls back to the savepoint and is recorded in r; a returned
-// error means the shared transaction itself is broken.
-func (s isolated) runOne(ctx context.Context, sp *savepoints, it *item, r *groupResult, more bool) error {
+// runOne runs one item's handler above a savepoint of its own (opened with
+// its first statement) and completes its key there. The item's own failure
+// (its handler's error, a lost lease) rolls back to the savepoint and is
+// recorded in r; a returned error means the shared transaction itself is
+// broken.
+func (s isolated) runOne(ctx context.Context, sp *savepoints, it *item, r *groupResult) error {
 	c := s.c
-	result, err := c.call(it, sp.tx)
+	sp.next()
+	result, err := c.call(it, sp.tx, sp)
 	if err == nil {
 		cctx, cancel := c.storeCtx(ctx)
-		err = sp.completeAndOpen(cctx, c.store, it.lease, result, more)
+		err = sp.complete(cctx, c.store, it.lease, result)
 		cancel()
 	}
 	if err != nil {
@@ -144,35 +190,21 @@ func (s isolated) runOne(ctx context.Context, sp *savepoints, it *item, r *group
 // savepoints: the batch handler once (batch), or each handler in turn
 // (optimistic); then it completes every key with one statement and commits
 // once. When a handler fails or a lease is lost, nothing is committed and
-// the group runs again under the fallback (isolated), where only the
-// failing item fails. A failed commit fails the group instead: its outcome
-// is unknown, so nothing runs again.
+// the group runs again isolated (Consumer.attempt), where only the failing
+// item fails. A failed commit fails the group instead: its outcome is
+// unknown, so nothing runs again.
 type whole struct {
-	c        *Consumer
-	batch    bool
-	fallback strategy
+	c     *Consumer
+	batch bool
 }
 
-func (s whole) run(ctx context.Context, items []*item) []groupResult {
+func (s whole) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult, error) {
 	if len(items) == 1 {
 		// Alone, whole and isolated are the same, and a failure must not run
 		// the handler twice.
-		return s.fallback.run(ctx, items)
+		return isolated{s.c}.run(ctx, tx, items)
 	}
-	if out, ok := s.try(ctx, items); ok {
-		return out
-	}
-	return s.fallback.run(ctx, items)
-}
-
-func (s whole) try(ctx context.Context, items []*item) ([]groupResult, bool) {
-	tx, err := s.c.beginGroup(ctx)
-	if err != nil {
-		return nil, false
-	}
-	defer s.c.rollback(ctx, tx)
-	out, err := s.commitWhole(ctx, tx, items)
-	return out, err == nil
+	return s.commitWhole(ctx, tx, items)
 }
 
 // commitWhole runs the group's user code in tx, completes every key with one
@@ -224,7 +256,7 @@ func (s whole) handle(ctx context.Context, items []*item, tx pgx.Tx) ([]dedup.Re
 	results := make([]dedup.Result, len(items))
 	for i, it := range items {
 		var err error
-		if results[i], err = s.c.call(it, tx); err != nil {
+		if results[i], err = s.c.call(it, tx, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -282,52 +314,21 @@ func (c *Consumer) rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(rctx)
 }
 
-// maxSavepointGroup is the largest savepoint group that stays within the
-// subtransactions a Postgres backend caches (PGPROC_MAX_CACHED_SUBXIDS):
-// beyond it, every session's snapshots must look subtransactions up on disk
-// while the group runs.
-const maxSavepointGroup = 64
-
-// savepoints is the stack of savepoints of an isolated group: each item runs
-// above the newest one, which its failure rolls back to (and which then
-// serves the next item); its success opens the next.
-type savepoints struct {
-	tx pgx.Tx
-	n  int
-}
-
-func (sp *savepoints) name(n int) string { return "idemq_item_" + strconv.Itoa(n) }
-
-func (sp *savepoints) open(ctx context.Context) error {
-	if _, err := sp.tx.Exec(ctx, "SAVEPOINT "+sp.name(sp.n+1)); err != nil {
-		return err
+// beginHeld opens the transaction of a group that reserves its keys in it.
+// The transaction's row locks are the group's leases, so it must not
+// outlive the worker's reach: a worker cut off from Postgres leaves its
+// session idle in the transaction, which the server ends after
+// HandlerTimeout + StoreTimeout (the longest a live worker leaves it idle:
+// a handler doing other work, then a store call), releasing the keys.
+func (c *Consumer) beginHeld(ctx context.Context) (pgx.Tx, error) {
+	bctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	idle := (c.cfg.HandlerTimeout + c.cfg.StoreTimeout).Milliseconds()
+	tx, err := c.store.Pool().BeginTx(bctx, pgx.TxOptions{
+		BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(idle, 10),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	sp.n++
-	return nil
-}
-
-func (sp *savepoints) rollback(ctx context.Context) error {
-	_, err := sp.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp.name(sp.n))
-	return err
-}
-
-// completeAndOpen completes the key and, when open, opens the next
-// savepoint: one round trip. A failure of either leaves the newest
-// savepoint where it was (a lease lost after the next one was opened is
-// undone by the rollback to the older one).
-func (sp *savepoints) completeAndOpen(ctx context.Context, store *dedup.Store, l *dedup.Lease, r dedup.Result, open bool) error {
-	b := &pgx.Batch{}
-	if err := store.QueueComplete(b, l, r); err != nil {
-		return err
-	}
-	if open {
-		b.Queue("SAVEPOINT " + sp.name(sp.n+1))
-	}
-	if err := sp.tx.SendBatch(ctx, b).Close(); err != nil {
-		return err
-	}
-	if open {
-		sp.n++
-	}
-	return nil
+	return tx, nil
 }

@@ -302,6 +302,98 @@ func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []str
 	return lost, nil
 }
 
+// ReleaseTx gives up keys that tx holds (leases reserved with ReserveTx or
+// ReserveBatchTx) after their operations failed, while the rest of tx goes
+// on: once tx commits, each key reads as Release leaves it (in progress, no
+// lease, released with reasons[i]) and the next delivery takes it over; if
+// tx rolls back, the reservation goes with it anyway. Call it after rolling
+// the failed operations' effects back (to a savepoint), before COMMIT.
+func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, reasons []string) error {
+	if len(leases) != len(reasons) {
+		return fmt.Errorf("release keys: %d leases, %d reasons", len(leases), len(reasons))
+	}
+	if len(leases) == 0 {
+		return nil
+	}
+	n := len(leases)
+	consumers, tenants, keys, why := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
+	for i, l := range leases {
+		if !l.held {
+			return fmt.Errorf("release keys: lease %d is not held by a transaction (use ReleaseBatch)", i)
+		}
+		consumers[i], tenants[i], keys[i], why[i] = l.Consumer, l.Tenant, l.stored, nullable(reasons[i])
+	}
+	tag, err := tx.Exec(ctx, s.sql.releaseBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, why)
+	if err != nil {
+		return interpretError("release keys", err)
+	}
+	if int(tag.RowsAffected()) != n {
+		return fmt.Errorf("release keys: %d of %d rows held by the transaction: %w", tag.RowsAffected(), n, ErrLeaseLost)
+	}
+	return nil
+}
+
+// LeaseTx turns keys that tx holds into leases that others can see, for
+// operations that must go on outside tx (a step, which commits on its own):
+// once tx commits, each key is in progress under the returned lease (a new
+// token, expiring d from now, or the store's lease when d is 0), exactly as
+// a separate Reserve leaves it, to be extended, completed or released as
+// such; if tx rolls back, the returned leases are void (fenced out) and the
+// reservation goes with it. Attempts are not counted again.
+func (s *Store) LeaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, d time.Duration) ([]*Lease, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	if d <= 0 {
+		d = s.cfg.Lease
+	}
+	n := len(leases)
+	consumers, tenants, keys, tokens := make([]string, n), make([]string, n), make([]string, n), make([][16]byte, n)
+	tokenBytes := make([]byte, 16*n)
+	if _, err := rand.Read(tokenBytes); err != nil {
+		return nil, fmt.Errorf("lease keys: token: %w", err)
+	}
+	out := make([]*Lease, n)
+	byToken := make(map[[16]byte]*Lease, n)
+	for i, l := range leases {
+		if !l.held {
+			return nil, fmt.Errorf("lease keys: lease %d is not held by a transaction", i)
+		}
+		consumers[i], tenants[i], keys[i] = l.Consumer, l.Tenant, l.stored
+		copy(tokens[i][:], tokenBytes[16*i:])
+		nl := *l
+		nl.held, nl.Token = false, tokens[i]
+		out[i] = &nl
+		byToken[tokens[i]] = &nl
+	}
+	rows, err := tx.Query(ctx, s.sql.leaseBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, tokens, d.Microseconds())
+	if err != nil {
+		return nil, interpretError("lease keys", err)
+	}
+	defer rows.Close()
+	got := 0
+	for rows.Next() {
+		var (
+			token [16]byte
+			until time.Time
+		)
+		if err := rows.Scan(&token, &until); err != nil {
+			return nil, interpretError("lease keys", err)
+		}
+		if l, ok := byToken[token]; ok {
+			l.LockedUntil = until
+			got++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError("lease keys", err)
+	}
+	if got != n {
+		return nil, fmt.Errorf("lease keys: %d of %d rows held by the transaction: %w", got, n, ErrLeaseLost)
+	}
+	return out, nil
+}
+
 // CompleteBatch completes many keys inside the caller's transaction with
 // one statement, each fenced by its own lease token. It returns the leases
 // that were lost; if any were, the caller must roll back (or roll back to a

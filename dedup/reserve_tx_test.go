@@ -2,6 +2,7 @@ package dedup_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -189,4 +190,109 @@ func TestHeldReservationMakesACopyWaitThenFindADuplicate(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the copy did not decide after the commit")
 	}
+}
+
+// A held key given up with ReleaseTx (its operation failed, the rest of the
+// transaction goes on) commits as Release leaves a key: in progress, no
+// lease, released with the reason, taken over by the next reservation. A
+// key that was released before (a takeover) reads the same.
+func TestReleaseTxGivesUpHeldKeys(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t, 4, nil)
+	ctx := context.Background()
+	before := mustReserve(t, store, claim("taken-over", "b"), dedup.Acquired).Lease
+	if err := store.Release(ctx, before, "retried"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		res, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("fresh", "b"), claim("taken-over", "b"), claim("kept", "b")})
+		if err != nil {
+			return err
+		}
+		if _, err := store.ReleaseBatch(ctx, []*dedup.Lease{res[0].Lease}, []string{"retried"}); err == nil {
+			t.Fatal("ReleaseBatch of a held lease: no error")
+		}
+		if err := store.ReleaseTx(ctx, tx, []*dedup.Lease{before}, []string{"retried"}); err == nil {
+			t.Fatal("ReleaseTx of a lease that is not held: no error")
+		}
+		return store.ReleaseTx(ctx, tx, []*dedup.Lease{res[0].Lease, res[1].Lease}, []string{"permanent_error", "retried"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for key, reason := range map[string]string{"fresh": "permanent_error", "taken-over": "retried"} {
+		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != dedup.StateInProgress || !rec.Released || rec.ReleaseReason != reason || rec.LeaseValid || rec.Result != nil || rec.CompletedAt != nil {
+			t.Fatalf("%s: %+v, want released by %s", key, rec, reason)
+		}
+		if l := mustReserve(t, store, claim(key, "b"), dedup.Acquired).Lease; !l.TakenOver {
+			t.Fatalf("%s: the next reservation did not take the released key over", key)
+		}
+	}
+	mustReserve(t, store, claim("kept", "b"), dedup.Duplicate)
+}
+
+// A held key turned into a lease (LeaseTx) is, once the transaction
+// commits, what a separate reservation leaves: in progress under the new
+// lease, which extends and completes; the attempt is not counted again. If
+// the transaction rolls back, the lease is void.
+func TestLeaseTxTurnsAHeldKeyIntoALease(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t, 4, nil)
+	ctx := context.Background()
+	var leases []*dedup.Lease
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		res, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("leased", "b"), claim("kept", "b")})
+		if err != nil {
+			return err
+		}
+		leases, err = store.LeaseTx(ctx, tx, []*dedup.Lease{res[0].Lease}, 30*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l := leases[0]
+	if l.HeldByTransaction() || time.Until(l.LockedUntil) < 20*time.Second {
+		t.Fatalf("lease %+v: want a separate lease for 30s", l)
+	}
+	rec, err := store.Inspect(ctx, l.Scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != dedup.StateInProgress || !rec.LeaseValid || rec.Attempts != 1 || rec.Result != nil {
+		t.Fatalf("after the commit: %+v, want in progress under a valid lease, attempt 1", rec)
+	}
+	mustReserve(t, store, claim("leased", "b"), dedup.Busy)
+	if err := store.Extend(ctx, l, 0); err != nil {
+		t.Fatalf("extend: %v", err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return store.Complete(ctx, tx, l, dedup.Result{Outcome: dedup.OutcomeOK, Code: 201})
+	}); err != nil {
+		t.Fatalf("complete under the lease: %v", err)
+	}
+	mustReserve(t, store, claim("leased", "b"), dedup.Duplicate)
+	mustReserve(t, store, claim("kept", "b"), dedup.Duplicate)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := store.ReserveTx(ctx, tx, claim("rolled-back", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	void, err := store.LeaseTx(ctx, tx, []*dedup.Lease{res.Lease}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Extend(ctx, void[0], 0); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("extend a lease whose transaction rolled back: %v, want ErrLeaseLost", err)
+	}
+	mustReserve(t, store, claim("rolled-back", "b"), dedup.Acquired)
 }

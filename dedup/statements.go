@@ -14,6 +14,7 @@ type statements struct {
 	// Store.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
 	reserveHeld, reserveBatchHeld, completeHeld, completeBatchHeld string
+	releaseBatchHeld, leaseBatchHeld                               string
 	// table is the key table's quoted name.
 	table string
 }
@@ -183,6 +184,22 @@ SET outcome = c.outcome, response_code = c.code, response = c.response, response
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bytea[], $7::text[], $8::jsonb[])
     AS c(consumer, tenant, key, outcome, code, response, reason, headers)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'`
+	// Giving up a held key turns the presumed completion back into the row
+	// Release leaves: in progress, no lease, released with a reason.
+	st.releaseBatchHeld = `UPDATE ` + t + ` AS k
+SET state = 'in_progress', outcome = NULL, response_code = NULL, response = NULL, response_reason = NULL, response_headers = NULL,
+    completed_at = NULL, lease_token = NULL, locked_until = now(), release_reason = c.reason, updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS c(consumer, tenant, key, reason)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'`
+	// Turning a held key into a lease others can see: the row a separate
+	// reservation writes, from the statement's own clock.
+	st.leaseBatchHeld = `UPDATE ` + t + ` AS k
+SET state = 'in_progress', outcome = NULL, response_code = NULL, response = NULL, response_reason = NULL, response_headers = NULL,
+    completed_at = NULL, lease_token = c.token, locked_until = clock_timestamp() + $5::bigint * interval '1 microsecond',
+    release_reason = NULL, updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS c(consumer, tenant, key, token)
+WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'
+RETURNING c.token, k.locked_until`
 	return st
 }
 

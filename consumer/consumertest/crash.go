@@ -82,8 +82,8 @@ const (
 	// ModeSingle: one delivery per transaction (Config.GroupSize 1).
 	ModeSingle Mode = "single"
 	// ModeGroup: group commit, isolated: the group's keys reserved with one
-	// statement, each handler under a savepoint of the group's transaction,
-	// one commit (the consumer's default).
+	// statement in the group's transaction, each handler under a savepoint
+	// of it, one commit (the consumer's default).
 	ModeGroup Mode = "group"
 	// ModeOptimistic: group commit without savepoints
 	// (Config.GroupOptimistic): if a handler fails, the group runs again

@@ -154,9 +154,9 @@ func TestCrashIsACrash(t *testing.T) {
 				}
 				rec, err := store.Inspect(ctx, dedup.Scope{Consumer: DefaultName, Key: "order-1"})
 				switch {
-				case errors.Is(err, dedup.ErrNotFound) && tc.stage == kit.StageAfterReserve && (mode == ModeOptimistic || mode == ModeBatch):
-					// These modes reserve a group's keys in its transaction
-					// (until a handler runs a step): the reservation died with it.
+				case errors.Is(err, dedup.ErrNotFound) && tc.stage == kit.StageAfterReserve:
+					// A group reserves its keys in its transaction (until a
+					// handler runs a step): the reservation died with it.
 					return
 				case err != nil:
 					t.Fatal(err)

@@ -140,7 +140,8 @@ type scenario struct {
 	groupSize  int
 	duplicates float64
 	optimistic bool
-	// separate: a whole-group mode with Config.SeparateReservations.
+	// separate: Config.SeparateReservations (keys reserved before the
+	// group's transaction, under leases others see).
 	separate bool
 	// concurrency and linger, when set, replace the run's concurrency and
 	// the default linger (the shape of the reference consumer).
@@ -226,7 +227,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	}
 	scenarios = append(scenarios,
 		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
+		scenario{name: "idemq per-message, separate reservation", mode: modeSingle, groupSize: 1, separate: true},
 		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
+		scenario{name: "idemq group commit 32, separate reservations", mode: modeGroup, groupSize: 32, separate: true},
 		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
 		scenario{name: "idemq optimistic 32, separate reservations", mode: modeGroup, groupSize: 32, optimistic: true, separate: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
