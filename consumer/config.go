@@ -43,7 +43,11 @@ type KeyFunc func(d *amqp.Delivery) string
 
 // Config configures a Consumer. Queue, Name and URL are required.
 type Config struct {
-	// URL is the AMQP URL (amqp:// or amqps://). It never appears in logs.
+	// URL is the AMQP URL (amqp:// or amqps://), or several separated by
+	// commas: the nodes of a cluster. Each connect and reconnect tries them
+	// in a fresh random order and takes the first that answers, so a worker
+	// whose node dies resumes on another. Every URL is checked by New. The
+	// URLs never appear in logs.
 	URL string
 	// AMQPConfig, when set, is the base connection config: TLSClientConfig
 	// for amqps:// with client certificates, heartbeat, vhost.
@@ -164,6 +168,10 @@ type Config struct {
 	// ClassicQueues declares classic queues instead of quorum queues (for
 	// brokers without quorum support; dead-lettering is then at-most-once).
 	ClassicQueues bool
+	// QuorumInitialGroupSize, when positive, sets every quorum queue's
+	// x-quorum-initial-group-size (TopologyConfig.QuorumInitialGroupSize).
+	// Zero, the default, leaves the replica count to the broker.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to the exchanges its messages are
 	// published to (declared with the rest of the topology, on connect).
 	// Retry and dead-letter copies never go back through them.
@@ -220,6 +228,10 @@ type Config struct {
 	OnOutcome func(Event)
 	// ConnectionName names the AMQP connections in the broker's UI.
 	ConnectionName string
+	// DialTimeout bounds each broker address's connect (TCP, TLS and the
+	// AMQP handshake) before the next address is tried. Default
+	// DefaultDialTimeout.
+	DialTimeout time.Duration
 
 	// Testing holds the knobs for tests only. Production code leaves it zero.
 	Testing TestKnobs
@@ -268,6 +280,7 @@ func (c *Config) withDefaults(groupSize int) Config {
 	out.KeyHeader = cmp.Or(out.KeyHeader, DefaultKeyHeader)
 	out.TenantHeader = cmp.Or(out.TenantHeader, DefaultTenantHeader)
 	out.ConnectionName = cmp.Or(out.ConnectionName, "idemq-"+out.Name)
+	out.DialTimeout = cmp.Or(out.DialTimeout, DefaultDialTimeout)
 	if out.Fingerprint == nil {
 		out.Fingerprint = dedup.BodyFingerprint
 	}
@@ -294,6 +307,9 @@ func (c *Config) TopologyConfig() TopologyConfig {
 		Bindings:        d.Bindings,
 		AMQPConfig:      d.AMQPConfig,
 		ConnectionName:  d.ConnectionName,
+		DialTimeout:     d.DialTimeout,
+
+		QuorumInitialGroupSize: d.QuorumInitialGroupSize,
 	}.WithDefaults()
 }
 
@@ -301,6 +317,9 @@ func (c Config) validate() error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("broker URL is required"))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
 	}
 	if c.Name == "" {
 		errs = append(errs, errors.New("consumer name (the stable scope of its keys) is required"))

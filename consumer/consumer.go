@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
@@ -62,6 +61,7 @@ type Consumer struct {
 	// keys, so groups reserve separately from then on.
 	stepsSeen    atomic.Bool
 	cfg          Config
+	addrs        amqpdial.Addrs
 	topo         Topology
 	deathReserve int // see deathReserve
 	log          *slog.Logger
@@ -120,6 +120,10 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
+	addrs, err := amqpdial.Parse(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
 	topo := NewTopology(c.TopologyConfig())
 	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
 		if !c.Testing.AllowShortRetention {
@@ -147,6 +151,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		handler:      h,
 		batchHandler: bh,
 		cfg:          c,
+		addrs:        addrs,
 		topo:         topo,
 		deathReserve: deathReserve(topo),
 		log:          c.Logger.With("queue", c.Queue, "consumer", c.Name),
@@ -191,11 +196,13 @@ func (c *Consumer) ready() {
 // Run consumes until ctx ends, then stops consuming, lets in-flight handlers
 // finish (bounded by ShutdownTimeout), acks them and closes; it returns nil
 // after a clean stop. A lost connection or channel is redialled with backoff,
-// the topology redeclared and consuming resumed.
+// the topology redeclared and consuming resumed; each dial goes through
+// the addresses of Config.URL in a fresh random order, so a consumer whose
+// node dies resumes on another.
 //
 // Before it consumes for the first time, Run returns an error for what
 // retrying cannot fix: a schema not migrated as far as this build needs
-// (dedup.Store.Check; run `idemq migrate`), a malformed URL, credentials or
+// (dedup.Store.Check; run `idemq migrate`), credentials or
 // a vhost the broker refuses (403 ACCESS_REFUSED, 530 NOT_ALLOWED), a
 // configuration the broker refuses (a queue declared with other arguments,
 // a missing queue with SkipDeclare). A broker or database out of reach is
@@ -280,85 +287,17 @@ func (e *fatalError) Error() string { return e.err.Error() }
 
 func (e *fatalError) Unwrap() error { return e.err }
 
-// refused reports whether err is the broker's refusal of what this
-// connection is configured with: credentials or permissions (403
-// ACCESS_REFUSED), a vhost (530 NOT_ALLOWED). Retrying does not change it.
-func refused(err error) bool {
-	var ae *amqp.Error
-	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
-}
-
-// dialError is a dial failure whose text has the credentials redacted and
-// which still wraps the client library's error (errors.Is(err,
-// amqp.ErrCredentials) holds).
-type dialError struct {
-	msg string
-	err error
-}
-
-func (e *dialError) Error() string { return e.msg }
-
-func (e *dialError) Unwrap() error { return e.err }
-
-// dial opens a broker connection named name, on the connection config base
-// (nil: none). A positive timeout bounds the TCP connect and the TLS and
-// AMQP handshakes, as does ctx (its deadline, or its end), unless base has a
-// Dial function of its own; 0 keeps amqp091-go's own bound.
-func dial(ctx context.Context, url string, base *amqp.Config, name string, timeout time.Duration) (*amqp.Connection, error) {
-	var ac amqp.Config
-	if base != nil {
-		ac = *base
-	}
-	// A copy, so that the caller's properties keep their own name.
-	props := amqp.NewConnectionProperties()
-	maps.Copy(props, ac.Properties)
-	props.SetClientConnectionName(name)
-	ac.Properties = props
-	if ac.Heartbeat == 0 {
-		ac.Heartbeat = 10 * time.Second
-	}
-	var stop func() bool
-	if ac.Dial == nil && timeout > 0 {
-		ac.Dial = func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: timeout}
-			conn, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// The handshakes' deadline; amqp091-go clears it once open.
-			deadline := time.Now().Add(timeout)
-			if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-				deadline = dl
-			}
-			if err := conn.SetDeadline(deadline); err != nil {
-				_ = conn.Close()
-				return nil, err
-			}
-			stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-			return conn, nil
-		}
-	}
-	conn, err := amqp.DialConfig(url, ac)
-	if stop != nil {
-		stop()
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("dial broker %s: %w", redact.URL(url), context.Cause(ctx))
-		}
-		return nil, &dialError{fmt.Sprintf("dial broker %s: %s", redact.URL(url), redact.Error(err)), err}
-	}
-	return conn, nil
+// dialer returns the dialer of the consumer's connections: its addresses,
+// in a fresh random order on each connect.
+func (c *Consumer) dialer() *amqpdial.Dialer {
+	return &amqpdial.Dialer{Addrs: c.addrs, Name: c.cfg.ConnectionName, Config: c.cfg.AMQPConfig, Timeout: c.cfg.DialTimeout}
 }
 
 // session is one connection's life: declare, consume, handle, until the
 // context ends (nil) or the connection or a channel closes (an error).
 func (c *Consumer) session(ctx context.Context) error {
-	if _, err := amqp.ParseURI(c.cfg.URL); err != nil {
-		return &fatalError{&dialError{fmt.Sprintf("broker URL %s: %s", redact.URL(c.cfg.URL), redact.Error(err)), err}}
-	}
-	conn, err := dial(context.Background(), c.cfg.URL, c.cfg.AMQPConfig, c.cfg.ConnectionName, 0)
-	if refused(err) {
+	conn, err := c.dialer().Dial(context.Background())
+	if amqpdial.Refused(err) {
 		// Credentials or a vhost the broker refuses: fatal before the first
 		// consume.
 		return &fatalError{err}
@@ -377,7 +316,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	if !c.cfg.SkipDeclare {
 		if err := c.topo.Declare(pubCh); err != nil {
 			var amqpErr *amqp.Error
-			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed || refused(err) {
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed || amqpdial.Refused(err) {
 				return &fatalError{err}
 			}
 			return err
@@ -406,14 +345,14 @@ func (c *Consumer) session(ctx context.Context) error {
 	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
 	if err != nil {
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound || refused(err) {
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound || amqpdial.Refused(err) {
 			return &fatalError{fmt.Errorf("consume %s: %w", c.cfg.Queue, err)}
 		}
 		return fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
 	}
 	c.consumed.Store(true)
 	c.ready()
-	c.log.Info("consuming", "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
+	c.log.Info("consuming", "broker", conn.RemoteAddr().String(), "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
 
 	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.
 	hard, hardStop := context.WithCancel(context.WithoutCancel(ctx))

@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -175,9 +176,10 @@ func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
 }
 
 // TestRunRefusesWhatRetryingCannotFix: on the first connect, a wrong
-// password, a vhost that does not exist and a malformed URL end Run at once
-// with an error (that does not carry the password); a broker out of reach
-// is retried, with a log line saying it never connected yet.
+// password and a vhost that does not exist end Run at once with an error
+// (that does not carry the password); a malformed URL is refused by New; a
+// broker out of reach is retried, with a log line saying it never connected
+// yet.
 func TestRunRefusesWhatRetryingCannotFix(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, modeGroup, nil)
@@ -200,7 +202,6 @@ func TestRunRefusesWhatRetryingCannotFix(t *testing.T) {
 	}{
 		{"wrong password", wrong.String(), amqp.AccessRefused},
 		{"unknown vhost", vhost.String(), amqp.NotAllowed},
-		{"malformed URL", "http://guest:secret-pw@127.0.0.1:5672/", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := h.cfg
@@ -224,6 +225,23 @@ func TestRunRefusesWhatRetryingCannotFix(t *testing.T) {
 				t.Errorf("Ready after the refusal: %v; want ErrNotReady", r)
 			}
 		})
+	}
+
+	// A malformed URL, alone or anywhere in a list, is refused by New.
+	for _, bad := range []string{
+		"http://guest:secret-pw@127.0.0.1:5672/",
+		testamqp.URL() + ",http://guest:secret-pw@127.0.0.1:5672/",
+		"amqp://guest:secret-pw@127.0.0.1:1/,,",
+	} {
+		cfg := h.cfg
+		cfg.URL = bad
+		_, err := consumer.New(h.store, okHandler, &cfg)
+		if err == nil {
+			t.Fatalf("New with URL %s: nil error", redact.URL(bad))
+		}
+		if strings.Contains(err.Error(), "secret-pw") {
+			t.Errorf("the error carries the password: %v", err)
+		}
 	}
 
 	t.Run("broker out of reach", func(t *testing.T) {

@@ -11,10 +11,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
-// DefaultDialTimeout bounds Apply's connect (TCP, TLS and the AMQP
-// handshake) where a TopologyConfig leaves DialTimeout zero.
+// DefaultDialTimeout bounds the connect to one broker address (TCP, TLS and
+// the AMQP handshake) where a Config or a TopologyConfig leaves DialTimeout
+// zero.
 const DefaultDialTimeout = 30 * time.Second
 
 // TopologyConfig shapes the topology of one work queue: what NewTopology
@@ -37,6 +40,11 @@ type TopologyConfig struct {
 	DeliveryLimit int
 	// ClassicQueues declares classic queues instead of quorum queues.
 	ClassicQueues bool
+	// QuorumInitialGroupSize, when positive, is every quorum queue's
+	// x-quorum-initial-group-size: how many cluster nodes get a replica at
+	// declaration. Zero leaves it to the broker (rabbit.quorum_cluster_size,
+	// default 3: every node of a three-node cluster). See docs/topology.md.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to exchanges that publishers publish to.
 	// Retry and dead-letter copies never go through them (docs/topology.md).
 	Bindings []Binding
@@ -78,6 +86,9 @@ func (c TopologyConfig) Validate() error {
 	}
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
+	}
+	if c.QuorumInitialGroupSize < 0 {
+		errs = append(errs, fmt.Errorf("quorum initial group size %d must not be negative", c.QuorumInitialGroupSize))
 	}
 	for _, b := range c.Bindings {
 		if err := b.validate(c.Queue); err != nil {
@@ -169,6 +180,9 @@ type Topology struct {
 	ClassicQueues bool
 	// DeliveryLimit is the work queue's x-delivery-limit (quorum queues only).
 	DeliveryLimit int
+	// QuorumInitialGroupSize is the quorum queues'
+	// x-quorum-initial-group-size; 0: not set, the broker's default.
+	QuorumInitialGroupSize int
 	// Bindings bind the work queue to publishers' exchanges.
 	Bindings []Binding
 }
@@ -184,6 +198,8 @@ func NewTopology(cfg TopologyConfig) Topology {
 		ClassicQueues: c.ClassicQueues,
 		DeliveryLimit: c.DeliveryLimit,
 		Bindings:      c.Bindings,
+
+		QuorumInitialGroupSize: c.QuorumInitialGroupSize,
 	}
 }
 
@@ -257,6 +273,9 @@ func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 		// reject-publish overflow; otherwise it falls back to at-most-once.
 		args["x-dead-letter-strategy"] = "at-least-once"
 		args["x-overflow"] = "reject-publish"
+		if t.QuorumInitialGroupSize > 0 {
+			args["x-quorum-initial-group-size"] = int64(t.QuorumInitialGroupSize)
+		}
 	}
 	for k, v := range extra {
 		args[k] = v
@@ -320,7 +339,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	return nil
 }
 
-// Apply dials the broker at url, declares the topology cfg shapes (as
+// Apply dials the broker at url (one AMQP URL, or several separated by
+// commas: the first that answers, tried in random order), declares the topology cfg shapes (as
 // Topology.Declare: idempotent) and closes the connection. The connect is
 // bounded by cfg.DialTimeout; the whole of it ends when ctx does.
 func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
@@ -328,7 +348,12 @@ func Apply(ctx context.Context, url string, cfg TopologyConfig) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
-	conn, err := dial(ctx, url, c.AMQPConfig, c.ConnectionName, c.DialTimeout)
+	addrs, err := amqpdial.Parse(url)
+	if err != nil {
+		return fmt.Errorf("apply topology: %w", err)
+	}
+	d := amqpdial.Dialer{Addrs: addrs, Name: c.ConnectionName, Config: c.AMQPConfig, Timeout: c.DialTimeout}
+	conn, err := d.Dial(ctx)
 	if err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testamqp"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // A consumer declares the topology its TopologyConfig shapes, and a
@@ -104,4 +106,36 @@ func TestApplyIsBoundedByItsDialTimeoutAndContext(t *testing.T) {
 			t.Fatal("Apply did not end with its context")
 		}
 	})
+}
+
+// TestQuorumInitialGroupSize: x-quorum-initial-group-size is set on every
+// quorum queue only when asked for, and the broker takes it.
+func TestQuorumInitialGroupSize(t *testing.T) {
+	t.Parallel()
+	plain := consumer.NewTopology(consumer.TopologyConfig{Queue: "q"})
+	if _, ok := plain.WorkQueueArgs()["x-quorum-initial-group-size"]; ok {
+		t.Errorf("x-quorum-initial-group-size set without being asked for: %v", plain.WorkQueueArgs())
+	}
+	cfg := consumer.TopologyConfig{Queue: testamqp.Name(t, "q-group"), QuorumInitialGroupSize: 1}
+	topo := consumer.NewTopology(cfg)
+	for _, args := range []amqp.Table{topo.WorkQueueArgs(), topo.TierArgs(topo.Delays[0]), topo.DLQArgs()} {
+		if got := args["x-quorum-initial-group-size"]; got != int64(1) {
+			t.Errorf("x-quorum-initial-group-size %v, want 1 in %v", got, args)
+		}
+	}
+	if classic := consumer.NewTopology(consumer.TopologyConfig{Queue: "q", ClassicQueues: true, QuorumInitialGroupSize: 3}); classic.WorkQueueArgs()["x-quorum-initial-group-size"] != nil {
+		t.Errorf("a classic queue given x-quorum-initial-group-size")
+	}
+	queues := []string{topo.Queue, topo.DLQ}
+	for _, d := range topo.Delays {
+		queues = append(queues, topo.TierName(d))
+	}
+	testamqp.DeleteQueuesAtCleanup(t, queues, []string{topo.DLX})
+	if err := consumer.Apply(t.Context(), testamqp.URL(), cfg); err != nil {
+		t.Fatalf("apply with an initial group size of 1: %v", err)
+	}
+	// Idempotent with the same setting.
+	if err := consumer.Apply(t.Context(), testamqp.URL(), cfg); err != nil {
+		t.Fatalf("apply again: %v", err)
+	}
 }

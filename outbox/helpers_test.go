@@ -142,7 +142,13 @@ func (e *env) startRelay(t testing.TB, cfg *outbox.RelayConfig) *outbox.Relay {
 // startRelayOf runs a relay of ob until the test ends.
 func startRelayOf(t testing.TB, ob *outbox.Outbox, cfg *outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(ob, testamqp.URL(), cfg)
+	return startRelayURL(t, ob, testamqp.URL(), cfg)
+}
+
+// startRelayURL runs a relay of ob to the broker at url until the test ends.
+func startRelayURL(t testing.TB, ob *outbox.Outbox, url string, cfg *outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(ob, url, cfg)
 	if err != nil {
 		t.Fatalf("new relay: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
@@ -60,8 +61,10 @@ func init() {
 }
 
 // NewRelay returns a relay that moves the rows of ob to the broker at
-// amqpURL (unused when cfg.Dial is set). A nil cfg means defaults. The URL
-// is never logged.
+// amqpURL (unused when cfg.Dial is set): one AMQP URL, or several separated
+// by commas (the nodes of a cluster), of which each connect takes the first
+// that answers, tried in a fresh random order. A nil cfg means defaults. The
+// URLs are never logged.
 func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 	if ob == nil {
 		return nil, errors.New("outbox: new relay: nil outbox")
@@ -75,11 +78,12 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		if amqpURL == "" {
 			return nil, errors.New("outbox: new relay: no broker URL and no Dial function")
 		}
-		if _, err := amqp.ParseURI(amqpURL); err != nil {
-			// The parse error may quote the URL; do not repeat it.
-			return nil, errors.New("outbox: new relay: malformed broker URL")
+		addrs, err := amqpdial.Parse(amqpURL)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new relay: %w", err)
 		}
-		dial = dialURL(amqpURL, c.ConnectionName)
+		d := &amqpdial.Dialer{Addrs: addrs, Name: c.ConnectionName, Timeout: DefaultDialTimeout}
+		dial = d.Dial
 	}
 	schema := ob.cfg.Schema
 	r := &Relay{
@@ -99,22 +103,6 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 	r.inst = inst
 	r.inst.attrs = metric.WithAttributeSet(schemaAttrs(schema))
 	return r, nil
-}
-
-func dialURL(url, name string) DialFunc {
-	return func(ctx context.Context) (*amqp.Connection, error) {
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName(name)
-		timeout := DefaultDialTimeout
-		if d, ok := ctx.Deadline(); ok {
-			timeout = min(timeout, time.Until(d))
-		}
-		return amqp.DialConfig(url, amqp.Config{
-			Properties: props,
-			Heartbeat:  10 * time.Second,
-			Dial:       amqp.DefaultDial(timeout),
-		})
-	}
 }
 
 // Config returns the relay's configuration with defaults filled in.
@@ -199,7 +187,7 @@ type lane struct {
 
 // runLane relays batches on one lane until ctx ends, reconnecting with
 // backoff. It returns an error only for a refusal of the broker before any
-// lane connected (see brokerRefused).
+// lane connected (see amqpdial.Refused).
 func (r *Relay) runLane(ctx context.Context, l *lane) error {
 	bo := r.reconnectBackoff()
 	for ctx.Err() == nil {
@@ -209,7 +197,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 				break
 			}
 			if !r.connected.Load() {
-				if brokerRefused(err) {
+				if amqpdial.Refused(err) {
 					return fmt.Errorf("outbox: relay: %w", err)
 				}
 				r.log.Warn("outbox relay cannot reach the broker (never connected yet); retrying", "error", redact.Error(err))
@@ -238,14 +226,6 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		}
 	}
 	return nil
-}
-
-// brokerRefused reports whether err is the broker's refusal of what the relay's
-// connection is configured with: credentials or permissions (403
-// ACCESS_REFUSED), a vhost (530 NOT_ALLOWED). Retrying does not change it.
-func brokerRefused(err error) bool {
-	var ae *amqp.Error
-	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
 }
 
 func (r *Relay) reconnected(ctx context.Context) {

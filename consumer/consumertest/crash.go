@@ -117,7 +117,8 @@ type Subject struct {
 	// ModeGroup, the consumer's default).
 	Mode Mode
 	// Config is the consumer's configuration, as for consumer.New. URL,
-	// the broker's, is required. The crash test gives each point a work
+	// the broker's (one AMQP URL, or several separated by commas), is
+	// required. The crash test gives each point a work
 	// queue of its own, named after Queue (default DefaultQueue) and
 	// deleted with its tiers and dead-letter queue at the point's end; Name
 	// defaults to DefaultName, Lease to CrashLease, a nil Logger logs
@@ -142,8 +143,8 @@ type Subject struct {
 // Store's schema until every row is published, takes the messages that
 // arrived in Queue, and gives them to Check.
 type Downstream struct {
-	// URL is the broker the relay publishes to; default the Subject's
-	// Config.URL.
+	// URL is the broker the relay publishes to (one AMQP URL, or several
+	// separated by commas); default the Subject's Config.URL.
 	URL string
 	// Queue is where the outbox's messages are routed (by their Exchange
 	// and RoutingKey). It must be the Subject's own and empty: the setup

@@ -37,7 +37,7 @@ func (k *pointRun) relay(crash bool) ([]amqp.Delivery, error) {
 	if _, err := k.runRelay(false); err != nil {
 		return nil, err
 	}
-	conn, err := amqp.Dial(k.downstreamURL())
+	conn, err := dialKit(k.downstreamURL(), "consumertest-downstream", nil)
 	if err != nil {
 		return nil, fmt.Errorf("downstream: dial: %w", err)
 	}

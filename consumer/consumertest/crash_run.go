@@ -23,6 +23,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/outbox"
 )
@@ -180,13 +181,7 @@ func newPointRun(tb testing.TB, subject Subject, deliveries []amqp.Publishing, p
 
 // open connects the kit to the broker and declares the point's topology.
 func (k *pointRun) open() error {
-	var ac amqp.Config
-	if k.cfg.AMQPConfig != nil {
-		ac = *k.cfg.AMQPConfig
-	}
-	ac.Properties = amqp.NewConnectionProperties()
-	ac.Properties.SetClientConnectionName("consumertest-" + k.cfg.Queue)
-	conn, err := amqp.DialConfig(k.cfg.URL, ac)
+	conn, err := dialKit(k.cfg.URL, "consumertest-"+k.cfg.Queue, k.cfg.AMQPConfig)
 	if err != nil {
 		return fmt.Errorf("dial the broker: %w", err)
 	}
@@ -749,4 +744,15 @@ func (s *signal) notify(ds ...*consumer.Delivery) {
 			s.once.Do(func() { close(s.c) })
 		}
 	}
+}
+
+// dialKit opens the kit's own connection, named name, to the first of url's
+// addresses (one AMQP URL or several separated by commas) that answers.
+func dialKit(url, name string, base *amqp.Config) (*amqp.Connection, error) {
+	addrs, err := amqpdial.Parse(url)
+	if err != nil {
+		return nil, err
+	}
+	d := amqpdial.Dialer{Addrs: addrs, Name: name, Config: base}
+	return d.Dial(context.Background())
 }

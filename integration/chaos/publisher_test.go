@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
 // confirmWindow is how many messages may await their confirm at once.
@@ -21,8 +23,7 @@ const confirmWindow = 256
 // not confirmed, so a message may be published more than once, as a real
 // publisher's retry would.
 type publisher struct {
-	urls  []string
-	next  int // the address to dial first
+	addrs amqpdial.Addrs
 	queue string
 	plan  *plan
 	rate  float64
@@ -35,8 +36,8 @@ type publisher struct {
 	finished                                     atomic.Bool
 }
 
-func newPublisher(urls []string, queue string, p *plan, rate float64) *publisher {
-	return &publisher{urls: urls, queue: queue, plan: p, rate: rate}
+func newPublisher(addrs amqpdial.Addrs, queue string, p *plan, rate float64) *publisher {
+	return &publisher{addrs: addrs, queue: queue, plan: p, rate: rate}
 }
 
 // message is the publishing of one copy of op o.
@@ -220,7 +221,8 @@ func (p *publisher) channel() (*amqp.Channel, error) {
 		return p.ch, nil
 	}
 	p.reset()
-	conn, err := dialAny(p.urls, &p.next, amqp.Config{Properties: connName("idemq-chaos-publisher"), Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 5 * time.Second})
+	d := amqpdial.Dialer{Addrs: p.addrs, Name: "idemq-chaos-publisher", Config: &amqp.Config{Heartbeat: 5 * time.Second}, Timeout: 5 * time.Second}
+	conn, err := d.Dial(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -252,21 +254,4 @@ func (p *publisher) reset() {
 		p.reconnects.Add(1)
 	}
 	p.conn, p.ch = nil, nil
-}
-
-// dialAny dials the broker addresses in turn, from urls[*next], and leaves
-// *next at the one that answered, so that a client whose node died moves
-// on to the next one.
-func dialAny(urls []string, next *int, cfg amqp.Config) (*amqp.Connection, error) {
-	var errs []error
-	for range urls {
-		i := *next % len(urls)
-		conn, err := amqp.DialConfig(urls[i], cfg)
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, err)
-		*next = i + 1
-	}
-	return nil, fmt.Errorf("dial %d broker addresses: %w", len(urls), errors.Join(errs...))
 }

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -137,6 +137,16 @@ func (s *services) restore() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	return errors.Join(s.pgStart(ctx), s.brokerStart(ctx))
+}
+
+// amqpAddrs are the broker addresses, parsed.
+func (s *services) amqpAddrs(t *testing.T) amqpdial.Addrs {
+	t.Helper()
+	addrs, err := amqpdial.Parse(s.amqpURLs...)
+	if err != nil {
+		t.Fatalf("broker addresses: %v", err)
+	}
+	return addrs
 }
 
 // The faults of the single-node modes, on s.pg and s.rabbit.
@@ -381,7 +391,12 @@ func (n *rabbitNode) start(ctx context.Context) error {
 }
 
 func (n *rabbitNode) amqpAnswers() bool {
-	conn, err := amqp.DialConfig(n.url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second), Properties: connName("idemq-chaos-probe")})
+	addrs, err := amqpdial.Parse(n.url)
+	if err != nil {
+		return false
+	}
+	d := amqpdial.Dialer{Addrs: addrs, Name: "idemq-chaos-probe", Timeout: 3 * time.Second}
+	conn, err := d.Dial(context.Background())
 	if err != nil {
 		return false
 	}
@@ -439,12 +454,6 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-func connName(name string) amqp.Table {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(name)
-	return props
 }
 
 // lockServices takes an exclusive lock (flock) named after the services,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -118,7 +119,7 @@ func runSoak(t *testing.T, o soakOptions) {
 	for i := range o.Workers {
 		s.startWorker(i)
 	}
-	s.pub = newPublisher(s.svc.amqpURLs, s.queue, &s.plan, o.PublishRate)
+	s.pub = newPublisher(s.svc.amqpAddrs(t), s.queue, &s.plan, o.PublishRate)
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- s.pub.run(ctx) }()
 	monCtx, monStop := context.WithCancel(ctx)
@@ -269,7 +270,7 @@ CREATE TABLE `+sch+`.stats (
 	if err := consumer.Apply(context.Background(), ccfg.URL, ccfg.TopologyConfig()); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}
-	s.insp = newInspector(s.svc.amqpURLs, s.topo, s.outQ, s.twinQ)
+	s.insp = newInspector(s.svc.amqpAddrs(t), s.topo, s.outQ, s.twinQ)
 	t.Cleanup(s.insp.close)
 	if frameMax, err = s.insp.declareOutput(s.outX, s.outQ, s.twinQ); err != nil {
 		t.Fatal(err)
@@ -620,10 +621,9 @@ func (s *soak) scanLogs() []string {
 // ---------------------------------------------------------------- broker side
 
 // inspector reads queue depths and contents on a connection of its own,
-// dialled again (to the next node of a cluster) when a fault closed it.
+// dialled again (to another node of a cluster) when a fault closed it.
 type inspector struct {
-	urls  []string
-	next  int
+	addrs amqpdial.Addrs
 	topo  consumer.Topology
 	outQ  string
 	twinQ string
@@ -638,8 +638,8 @@ type queueState struct {
 	Work, Retrying, DLQ, Output, Twin int
 }
 
-func newInspector(urls []string, topo consumer.Topology, outQ, twinQ string) *inspector {
-	in := &inspector{urls: urls, topo: topo, outQ: outQ, twinQ: twinQ}
+func newInspector(addrs amqpdial.Addrs, topo consumer.Topology, outQ, twinQ string) *inspector {
+	in := &inspector{addrs: addrs, topo: topo, outQ: outQ, twinQ: twinQ}
 	for _, d := range topo.Delays {
 		in.tiers = append(in.tiers, topo.TierName(d))
 	}
@@ -648,7 +648,8 @@ func newInspector(urls []string, topo consumer.Topology, outQ, twinQ string) *in
 
 func (in *inspector) channel() (*amqp.Channel, error) {
 	if in.conn == nil || in.conn.IsClosed() {
-		conn, err := dialAny(in.urls, &in.next, amqp.Config{Properties: connName("idemq-chaos-inspector"), Dial: amqp.DefaultDial(5 * time.Second)})
+		d := amqpdial.Dialer{Addrs: in.addrs, Name: "idemq-chaos-inspector", Timeout: 5 * time.Second}
+		conn, err := d.Dial(context.Background())
 		if err != nil {
 			return nil, err
 		}

@@ -11,8 +11,12 @@ import (
 var userinfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`)
 
 // URL returns u with its password (and user) replaced by "xxxxx", for logs.
-// A string that does not parse as a URL is redacted as free text.
+// A string that does not parse as a URL, or that holds several (a list of
+// broker addresses), is redacted as free text.
 func URL(u string) string {
+	if strings.Count(u, "://") > 1 {
+		return String(u)
+	}
 	parsed, err := url.Parse(u)
 	if err != nil || parsed.User == nil {
 		return String(u)

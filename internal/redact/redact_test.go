@@ -15,6 +15,9 @@ func TestRedact(t *testing.T) {
 		"amqps://user:s3cret@broker:5671/vhost?heartbeat=10",
 		"postgres://app:s3cret@db:5432/idemq?sslmode=verify-full",
 		"dial postgres://app:s3cret@db/x: connection refused",
+		"amqp://guest:s3cret@node1:5672/,amqp://guest:s3cret@node2:5672/",
+		"postgres://app:s3cret@db1:5432,db2:5432/idemq?target_session_attrs=read-write",
+		"amqp://guest:guest@node1:5672/,amqps://user:s3cret@node2:5671/vhost",
 	} {
 		for _, got := range []string{redact.URL(in), redact.String(in), redact.Error(errors.New(in))} {
 			if strings.Contains(got, "s3cret") {

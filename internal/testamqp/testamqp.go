@@ -9,8 +9,11 @@ package testamqp
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"math"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"reflect"
@@ -18,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,4 +261,114 @@ func SetPermissions(tb testing.TB, user string, allow bool) {
 	if out, err := exec.CommandContext(context.Background(), "rabbitmqctl", args...).CombinedOutput(); err != nil {
 		tb.Fatalf("testamqp: rabbitmqctl %s: %v: %s", args[0], err, out)
 	}
+}
+
+// Proxy is a TCP proxy in front of the test broker, for tests of a broker
+// node that goes away: it forwards every connection it accepts until Kill,
+// which closes its listener (later connects are refused) and cuts every
+// connection through it.
+type Proxy struct {
+	// URL is the test broker's URL with the proxy's address.
+	URL string
+
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	dead  bool
+	seen  int
+}
+
+// NewProxy starts a proxy to the test broker; it is killed when the test
+// ends.
+func NewProxy(tb testing.TB) *Proxy {
+	tb.Helper()
+	u, err := url.Parse(URL())
+	if err != nil {
+		tb.Fatalf("testamqp: parse the broker URL: %v", err)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("testamqp: proxy listen: %v", err)
+	}
+	u.Host = ln.Addr().String()
+	p := &Proxy{URL: u.String(), ln: ln, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.DialTimeout("tcp", target, 5*time.Second)
+			if err != nil || !p.track(c, up) {
+				_ = c.Close()
+				if up != nil {
+					_ = up.Close()
+				}
+				continue
+			}
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				_ = dst.Close()
+				_ = src.Close()
+				p.untrack(dst, src)
+			}
+			p.wg.Go(func() { pipe(up, c) })
+			p.wg.Go(func() { pipe(c, up) })
+		}
+	})
+	tb.Cleanup(p.Kill)
+	return p
+}
+
+func (p *Proxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		return false
+	}
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+	p.seen++
+	return true
+}
+
+func (p *Proxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		delete(p.conns, c)
+	}
+}
+
+// Active is the number of connections open through the proxy.
+func (p *Proxy) Active() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) / 2
+}
+
+// Accepted is the number of connections the proxy has forwarded so far.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen
+}
+
+// Kill closes the listener and every connection through the proxy, and
+// waits for its goroutines. Killing twice is safe.
+func (p *Proxy) Kill() {
+	p.mu.Lock()
+	p.dead = true
+	_ = p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -165,7 +166,7 @@ func (m Message) publishing(key string) amqp.Publishing {
 // connection, which it opens when first needed and opens again whenever it
 // is lost. It is safe for concurrent use.
 type Publisher struct {
-	url    string
+	addrs  amqpdial.Addrs
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -177,7 +178,9 @@ type Publisher struct {
 	closed bool
 }
 
-// New returns a publisher to the broker at url. It does not connect: the
+// New returns a publisher to the broker at url: one AMQP URL, or several
+// separated by commas (the nodes of a cluster), of which each connect takes
+// the first that answers, tried in a fresh random order. It does not connect: the
 // first Publish does, so that a broker that is down when the program starts
 // is waited for within that Publish's context.
 func New(url string, cfg *Config) (*Publisher, error) {
@@ -185,12 +188,12 @@ func New(url string, cfg *Config) (*Publisher, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("publish: new publisher: %w", err)
 	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		// The parse error may quote the URL; do not repeat it.
-		return nil, errors.New("publish: new publisher: malformed broker URL")
+	addrs, err := amqpdial.Parse(url)
+	if err != nil {
+		return nil, fmt.Errorf("publish: new publisher: %w", err)
 	}
 	return &Publisher{
-		url:    url,
+		addrs:  addrs,
 		cfg:    c,
 		log:    c.Logger.With("component", "idemq-publisher"),
 		tracer: c.TracerProvider.Tracer(instrumentationName),
@@ -353,7 +356,7 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 		p.sess.close()
 		p.sess = nil
 	}
-	s, err := connect(ctx, p.url, p.cfg)
+	s, err := connect(ctx, p.addrs, p.cfg)
 	if err != nil {
 		return nil, err
 	}

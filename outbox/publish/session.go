@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 // session is one broker connection with its confirm channel.
@@ -34,9 +31,9 @@ type session struct {
 	exchanges map[string]bool
 }
 
-// connect dials url and opens a confirm channel.
-func connect(ctx context.Context, url string, cfg Config) (*session, error) {
-	conn, err := dial(ctx, url, cfg)
+// connect dials one of addrs and opens a confirm channel.
+func connect(ctx context.Context, addrs amqpdial.Addrs, cfg Config) (*session, error) {
+	conn, err := dial(ctx, addrs, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -68,60 +65,21 @@ func connect(ctx context.Context, url string, cfg Config) (*session, error) {
 	return s, nil
 }
 
-// dial opens a connection named cfg.ConnectionName, bounded by ctx and
-// cfg.DialTimeout (unless cfg.AMQPConfig brings a Dial function of its own).
-// Its errors never contain the URL's credentials.
-func dial(ctx context.Context, url string, cfg Config) (*amqp.Connection, error) {
-	var ac amqp.Config
-	if cfg.AMQPConfig != nil {
-		ac = *cfg.AMQPConfig
-	}
-	props := amqp.NewConnectionProperties()
-	maps.Copy(props, ac.Properties)
-	props.SetClientConnectionName(cfg.ConnectionName)
-	ac.Properties = props
-	if ac.Heartbeat == 0 {
-		ac.Heartbeat = 10 * time.Second
-	}
-	var stop func() bool
-	if ac.Dial == nil {
-		ac.Dial = func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: cfg.DialTimeout}
-			conn, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// The handshakes' deadline; amqp091-go clears it once open.
-			deadline := time.Now().Add(cfg.DialTimeout)
-			if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-				deadline = dl
-			}
-			if err := conn.SetDeadline(deadline); err != nil {
-				_ = conn.Close()
-				return nil, err
-			}
-			stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-			return conn, nil
-		}
-	}
-	conn, err := amqp.DialConfig(url, ac)
-	if stop != nil {
-		stop()
-	}
+// dial opens a connection named cfg.ConnectionName to the first of addrs
+// that answers, each attempt bounded by ctx and cfg.DialTimeout (unless
+// cfg.AMQPConfig brings a Dial function of its own). Its errors never
+// contain the URLs' credentials.
+func dial(ctx context.Context, addrs amqpdial.Addrs, cfg Config) (*amqp.Connection, error) {
+	d := amqpdial.Dialer{Addrs: addrs, Name: cfg.ConnectionName, Config: cfg.AMQPConfig, Timeout: cfg.DialTimeout}
+	conn, err := d.Dial(ctx)
 	if err == nil {
 		return conn, nil
 	}
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("dial broker: %w", context.Cause(ctx))
-	}
-	// The text only, redacted: the error may quote the URL.
-	out := fmt.Errorf("dial broker: %s", redact.Error(err))
-	var amqpErr *amqp.Error
-	if errors.As(err, &amqpErr) && amqpErr.Server && amqpErr.Code == amqp.AccessRefused {
+	if amqpdial.Refused(err) {
 		// Refused credentials or vhost: retrying will not fix them.
-		return nil, &finalError{out}
+		return nil, &finalError{err}
 	}
-	return nil, out
+	return nil, err
 }
 
 // checkExchange reports, as ErrUnroutable, an exchange that does not exist.

@@ -30,6 +30,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -203,7 +204,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		return nil, err
 	}
 	defer unlock()
-	conn, err := amqp.Dial(o.AMQPURL)
+	conn, err := amqpdial.DialURL(ctx, o.AMQPURL, "idemq-bench", 0)
 	if err != nil {
 		return nil, fmt.Errorf("bench: cannot reach RabbitMQ at %s (run `make up`): %s", redact.URL(o.AMQPURL), redact.Error(err))
 	}

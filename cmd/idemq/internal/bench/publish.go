@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/forward"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -180,7 +181,7 @@ func (b *bench) checkDelivered(queue string, n int) error {
 func runPublisher(ctx context.Context, spec workerSpec) (workerResult, error) {
 	t := newTally(spec.Count)
 	t.start()
-	conn, err := amqp.Dial(spec.AMQPURL)
+	conn, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench", 0)
 	if err != nil {
 		return workerResult{}, err
 	}
@@ -324,12 +325,12 @@ func runPipe(ctx context.Context, spec workerSpec) (workerResult, error) {
 	t.start()
 	// Two connections, as the forwarder has: a publisher under flow control
 	// does not hold up the consumer's acks.
-	in, err := amqp.Dial(spec.AMQPURL)
+	in, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench", 0)
 	if err != nil {
 		return workerResult{}, err
 	}
 	defer in.Close()
-	out, err := amqp.Dial(spec.AMQPURL)
+	out, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench", 0)
 	if err != nil {
 		return workerResult{}, err
 	}

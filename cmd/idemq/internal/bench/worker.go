@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
 // workerEnv carries a worker's spec to the re-executed binary.
@@ -181,7 +182,7 @@ func sentAt(h amqp.Table) (int64, bool) {
 }
 
 func runBare(ctx context.Context, spec workerSpec) (workerResult, error) {
-	conn, err := amqp.Dial(spec.AMQPURL)
+	conn, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench", 0)
 	if err != nil {
 		return workerResult{}, err
 	}

@@ -185,7 +185,8 @@ Exit codes: 0 success, 1 run-time failure, 2 bad usage.`,
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.postgresURL, "postgres-url", DefaultPostgresURL, "Postgres URL of the key store and the outbox (env IDEMQ_POSTGRES_URL)")
-	f.StringVar(&a.amqpURL, "amqp-url", DefaultAMQPURL, "RabbitMQ URL, amqp:// or amqps:// (env IDEMQ_AMQP_URL)")
+	a.amqpURL = DefaultAMQPURL
+	f.Var(&urlList{s: &a.amqpURL}, "amqp-url", "RabbitMQ URL, amqp:// or amqps://; several (the nodes of a cluster) separated by commas or with the flag repeated (env IDEMQ_AMQP_URL)")
 	f.StringVar(&a.schema, "schema", schema.Default, "Postgres schema of idemq's tables (env IDEMQ_SCHEMA)")
 	f.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error (env IDEMQ_LOG_LEVEL)")
 	f.StringVar(&a.logFormat, "log-format", "text", "log format on stderr: text or json (env IDEMQ_LOG_FORMAT)")
@@ -315,3 +316,31 @@ func (a *app) startTelemetry(ctx context.Context, metricsAddr string, ready func
 	}
 	return nil
 }
+
+// urlList is a flag of one URL or several: each use adds to the list (the
+// first replaces the default), and a value may itself be a comma-separated
+// list. The list is kept as one comma-separated string, the form the
+// library's configs take.
+type urlList struct {
+	s   *string
+	set bool
+}
+
+func (u *urlList) String() string {
+	if u.s == nil {
+		return ""
+	}
+	return *u.s
+}
+
+func (u *urlList) Set(v string) error {
+	if u.set && *u.s != "" {
+		*u.s += "," + v
+	} else {
+		*u.s = v
+	}
+	u.set = true
+	return nil
+}
+
+func (u *urlList) Type() string { return "urls" }

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -57,13 +58,21 @@ func (a *app) postgresConfig() (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// checkAMQPURL parses --amqp-url. A URL that does not parse is bad usage
-// (exit 2), reported without its credentials.
-func (a *app) checkAMQPURL() error {
-	if _, err := amqp.ParseURI(a.amqpURL); err != nil {
-		return usagef("--amqp-url %s: %s", redact.URL(a.amqpURL), redact.String(err.Error()))
+// amqpAddrs parses --amqp-url: one AMQP URL or several (the flag repeated,
+// or separated by commas). A URL that does not parse is bad usage (exit 2),
+// reported without its credentials.
+func (a *app) amqpAddrs() (amqpdial.Addrs, error) {
+	addrs, err := amqpdial.Parse(a.amqpURL)
+	if err != nil {
+		return amqpdial.Addrs{}, usagef("--amqp-url: %w", err)
 	}
-	return nil
+	return addrs, nil
+}
+
+// checkAMQPURL checks --amqp-url (see amqpAddrs).
+func (a *app) checkAMQPURL() error {
+	_, err := a.amqpAddrs()
+	return err
 }
 
 // checkURLs parses both connection URLs, for the commands that use both
@@ -90,27 +99,26 @@ func (a *app) requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// amqpConfig is the connection config of the CLI's broker connections: a
-// client-provided name (shown by RabbitMQ) and a bounded dial and handshake.
-func (a *app) amqpConfig(name string) amqp.Config {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(name)
-	return amqp.Config{
-		Properties: props,
-		Heartbeat:  10 * time.Second,
-		Dial:       amqp.DefaultDial(a.connectTimeout),
-	}
-}
-
-// dialAMQP opens a broker connection named name. Its error is one line that
-// names the (redacted) URL and the cause.
+// dialAMQP opens a broker connection named name to the first address of
+// --amqp-url that answers within --connect-timeout, tried in random order.
+// Its error is one line that names each (redacted) URL tried and the cause.
 func (a *app) dialAMQP(name string) (*amqp.Connection, error) {
-	if err := a.checkAMQPURL(); err != nil {
+	addrs, err := a.amqpAddrs()
+	if err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(a.amqpURL, a.amqpConfig(name))
+	d := amqpdial.Dialer{Addrs: addrs, Name: name, Timeout: a.connectTimeout}
+	conn, err := d.Dial(context.Background())
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", redact.URL(a.amqpURL), cause(err, a.connectTimeout))
+		var de *amqpdial.Error
+		if !errors.As(err, &de) {
+			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", addrs, cause(err, a.connectTimeout))
+		}
+		parts := make([]string, len(de.Attempts))
+		for i, at := range de.Attempts {
+			parts[i] = fmt.Sprintf("%s: %s", at.Addr, cause(at.Err, a.connectTimeout))
+		}
+		return nil, fmt.Errorf("cannot reach RabbitMQ at %s", strings.Join(parts, "; at "))
 	}
 	return conn, nil
 }

@@ -136,8 +136,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				// The stage forwards; the requester's reply comes from downstream.
 				NoReply: true,
 			}
-			cfg := a.amqpConfig(ccfg.ConnectionName)
-			ccfg.AMQPConfig = &cfg
+			ccfg.DialTimeout = a.connectTimeout
 			t.apply(&ccfg)
 			st, err := forward.New(store, forward.Config{
 				Consumer:     ccfg,

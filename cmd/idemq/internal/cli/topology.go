@@ -25,6 +25,7 @@ type topologyFlags struct {
 	retryMax        time.Duration
 	deliveryLimit   int
 	classic         bool
+	groupSize       int
 }
 
 func (t *topologyFlags) register(f *pflag.FlagSet) {
@@ -35,6 +36,7 @@ func (t *topologyFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&t.retryMax, "retry-max", consumer.DefaultRetryMax, "longest retry delay")
 	f.IntVar(&t.deliveryLimit, "delivery-limit", consumer.DefaultDeliveryLimit, "the work queue's x-delivery-limit: the broker dead-letters a message delivered more often")
 	f.BoolVar(&t.classic, "classic", false, "declare classic queues instead of quorum queues (broker dead-lettering is then at-most-once)")
+	f.IntVar(&t.groupSize, "quorum-initial-group-size", 0, "x-quorum-initial-group-size of the quorum queues: nodes that get a replica at declaration (0: the broker's default, 3)")
 }
 
 func (t *topologyFlags) validate() error {
@@ -51,6 +53,8 @@ func (t *topologyFlags) validate() error {
 		return usagef("--retry-max %s is shorter than --retry-initial %s", t.retryMax, t.retryInitial)
 	case t.deliveryLimit < 1:
 		return usagef("--delivery-limit %d must be at least 1", t.deliveryLimit)
+	case t.groupSize < 0:
+		return usagef("--quorum-initial-group-size %d must not be negative", t.groupSize)
 	}
 	return nil
 }
@@ -65,6 +69,8 @@ func (t *topologyFlags) config() consumer.TopologyConfig {
 		RetryMax:        t.retryMax,
 		DeliveryLimit:   t.deliveryLimit,
 		ClassicQueues:   t.classic,
+
+		QuorumInitialGroupSize: t.groupSize,
 	}
 }
 
@@ -79,6 +85,7 @@ func (t *topologyFlags) apply(c *consumer.Config) {
 	c.RetryMax = tc.RetryMax
 	c.DeliveryLimit = tc.DeliveryLimit
 	c.ClassicQueues = tc.ClassicQueues
+	c.QuorumInitialGroupSize = tc.QuorumInitialGroupSize
 }
 
 func (a *app) topologyCommand() *cobra.Command {

@@ -275,9 +275,15 @@ func parseManagementURL(s string) (*url.URL, error) {
 // from the management API into out, with the credentials of mgmt, else
 // those of --amqp-url. Each of more is one escaped path segment.
 func (a *app) managementGet(ctx context.Context, mgmt *url.URL, what, query string, out any, more ...string) error {
-	uri, err := amqp.ParseURI(a.amqpURL)
+	// The nodes of a cluster share their users and vhosts: the first URL
+	// stands for the list.
+	addrs, err := a.amqpAddrs()
 	if err != nil {
-		return usagef("--amqp-url %s: %s", redact.URL(a.amqpURL), redact.Error(err))
+		return err
+	}
+	uri, err := amqp.ParseURI(addrs.First())
+	if err != nil {
+		return usagef("--amqp-url: %s", redact.Error(err))
 	}
 	user, pass := uri.Username, uri.Password
 	if mgmt.User != nil {

@@ -28,11 +28,14 @@ type topologyFile struct {
 // fileQueue is one work queue of a topology file. Zero fields take the
 // defaults of `topology apply`'s flags.
 type fileQueue struct {
-	Name          string        `yaml:"name"`
-	Kind          string        `yaml:"kind"` // quorum (default) or classic
-	DeliveryLimit int           `yaml:"delivery_limit"`
-	Retry         fileRetry     `yaml:"retry"`
-	Bindings      []fileBinding `yaml:"bindings"`
+	Name          string `yaml:"name"`
+	Kind          string `yaml:"kind"` // quorum (default) or classic
+	DeliveryLimit int    `yaml:"delivery_limit"`
+	// QuorumInitialGroupSize is x-quorum-initial-group-size (0: the
+	// broker's default).
+	QuorumInitialGroupSize int           `yaml:"quorum_initial_group_size"`
+	Retry                  fileRetry     `yaml:"retry"`
+	Bindings               []fileBinding `yaml:"bindings"`
 }
 
 type fileRetry struct {
@@ -149,6 +152,8 @@ func (q fileQueue) config() (consumer.TopologyConfig, error) {
 		DeliveryLimit:   q.DeliveryLimit,
 		ClassicQueues:   classic,
 		Bindings:        bindings,
+
+		QuorumInitialGroupSize: q.QuorumInitialGroupSize,
 	}
 	switch {
 	case tc.MaxAttempts < 0:
@@ -157,6 +162,8 @@ func (q fileQueue) config() (consumer.TopologyConfig, error) {
 		return tc, fmt.Errorf("retry.initial %s must be positive", tc.RetryInitial)
 	case tc.RetryMultiplier < 0:
 		return tc, fmt.Errorf("retry.multiplier %g must be at least 1", tc.RetryMultiplier)
+	case tc.QuorumInitialGroupSize < 0:
+		return tc, fmt.Errorf("quorum_initial_group_size %d must not be negative", tc.QuorumInitialGroupSize)
 	case tc.DeliveryLimit < 0:
 		return tc, fmt.Errorf("delivery_limit %d must be at least 1", tc.DeliveryLimit)
 	}

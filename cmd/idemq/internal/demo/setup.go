@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -54,10 +55,8 @@ func connectPostgres(ctx context.Context, url string, wait time.Duration) (*pgxp
 // connectAMQP dials RabbitMQ once it answers.
 func connectAMQP(ctx context.Context, url string, wait time.Duration) (*amqp.Connection, error) {
 	var conn *amqp.Connection
-	err := waitFor(ctx, wait, func(context.Context) error {
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName("idemq-demo")
-		c, err := amqp.DialConfig(url, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+	err := waitFor(ctx, wait, func(actx context.Context) error {
+		c, err := amqpdial.DialURL(actx, url, "idemq-demo", 0)
 		conn = c
 		return err
 	})
@@ -184,11 +183,9 @@ func newInspector(url string, t consumer.Topology) *inspector {
 // channel returns an open channel, dialling again if needed.
 func (in *inspector) channel() (*amqp.Channel, error) {
 	if in.conn == nil || in.conn.IsClosed() {
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName("idemq-demo-inspector")
-		conn, err := amqp.DialConfig(in.url, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+		conn, err := amqpdial.DialURL(context.Background(), in.url, "idemq-demo-inspector", 0)
 		if err != nil {
-			return nil, fmt.Errorf("dial broker: %s", redact.Error(err))
+			return nil, err
 		}
 		in.conn, in.ch = conn, nil
 	}

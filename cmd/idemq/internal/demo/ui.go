@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
 // serveUI leaves the UI running on the demo's schema and queue, with one
@@ -26,9 +27,7 @@ func (r *runner) serveUI(ctx context.Context) error {
 	srv, err := ui.New(ui.Config{
 		Pool: pool, Schema: r.o.Schema,
 		Dial: func() (*amqp.Connection, error) {
-			props := amqp.NewConnectionProperties()
-			props.SetClientConnectionName("idemq-demo-ui")
-			return amqp.DialConfig(r.o.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(5 * time.Second)})
+			return amqpdial.DialURL(context.Background(), r.o.AMQPURL, "idemq-demo-ui", 5*time.Second)
 		},
 		Queues:    []ui.Queue{{Topology: r.topo, Consumer: consumerName}},
 		JaegerURL: r.o.JaegerURL,
