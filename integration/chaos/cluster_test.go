@@ -233,7 +233,13 @@ func (c *cluster) teardown(ctx context.Context) error {
 		if ok {
 			if _, err := run(ctx, nil, "pg_dropcluster", "--stop", p.version, p.name); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+		}
+		// pg_dropcluster leaves the configuration directory when it holds a
+		// file of its own making: the synchronous standby's conf.d file.
+		if err := os.RemoveAll(filepath.Dir(filepath.Dir(p.syncConf()))); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
