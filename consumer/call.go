@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
 )
 
 // The one place that runs user code. Whatever the mode, a handler runs:
@@ -24,15 +25,43 @@ import (
 //     refused: the runtime commits, once, after completing the keys;
 //   - with a panic recovered, stack included, as an infrastructure failure.
 
-// call runs the handler of one item in tx and maps its return to the result
+// groupTx is a group's transaction as the runtime hands it to user code:
+// the handlers' view of it (handlerTx) and the outbox rows they enqueue on
+// it, which the runtime writes with one statement before completing the
+// keys (outbox.Deferred).
+type groupTx struct {
+	tx   pgx.Tx
+	view handlerTx
+	pend *outbox.Deferred
+}
+
+// newGroupTx wraps tx for user code; sp is the isolated group's savepoints
+// (nil: none).
+func newGroupTx(tx pgx.Tx, sp *savepoints) *groupTx {
+	view := handlerTx{tx, sp}
+	return &groupTx{tx: tx, view: view, pend: outbox.NewDeferred(view)}
+}
+
+// writeOutbox writes the outbox rows the group's handlers enqueued (those
+// of handlers that succeeded), bounded by StoreTimeout.
+func (c *Consumer) writeOutbox(ctx context.Context, g *groupTx) error {
+	if g.pend.Len() == 0 {
+		return nil
+	}
+	wctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	return g.pend.Write(wctx, g.tx)
+}
+
+// call runs the handler of one item in g and maps its return to the result
 // to store (nil error) or the failure.
-func (c *Consumer) call(it *item, tx pgx.Tx, sp *savepoints) (dedup.Result, error) {
+func (c *Consumer) call(it *item, g *groupTx) (dedup.Result, error) {
 	ctx, cancel := context.WithTimeoutCause(it.hctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
-	c.crashTx([]*item{it}, tx)
-	resp, err := c.safeCall(c.withClaim(ctx, it.del), handlerTx{tx, sp}, it.del)
+	c.crashTx([]*item{it}, g.tx)
+	resp, err := c.safeCall(outbox.WithDeferred(c.withClaim(ctx, it.del), g.pend), g.view, it.del)
 	if rej := (*RejectError)(nil); errors.As(err, &rej) {
 		span.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
 	}
@@ -47,7 +76,7 @@ func (c *Consumer) call(it *item, tx pgx.Tx, sp *savepoints) (dedup.Result, erro
 // callBatch runs the batch handler over every item in tx. Its context ends
 // when any item's lease is lost: the batch then fails and its items run
 // alone (strategy.go), where only that item fails.
-func (c *Consumer) callBatch(ctx context.Context, items []*item, tx pgx.Tx) ([]dedup.Result, error) {
+func (c *Consumer) callBatch(ctx context.Context, items []*item, g *groupTx) ([]dedup.Result, error) {
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	for _, it := range items {
@@ -59,12 +88,12 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, tx pgx.Tx) ([]d
 	ctx, span := c.tracer.Start(ctx, "idemq batch handler", groupLinks(items))
 	defer span.End()
 	span.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
-	c.crashTx(items, tx)
+	c.crashTx(items, g.tx)
 	dels := make([]*Delivery, len(items))
 	for i, it := range items {
 		dels[i] = it.del
 	}
-	resps, err := c.safeBatchCall(ctx, handlerTx{Tx: tx}, dels)
+	resps, err := c.safeBatchCall(outbox.WithDeferred(ctx, g.pend), g.view, dels)
 	if err == nil && len(resps) != len(items) {
 		err = fmt.Errorf("batch handler returned %d responses for %d deliveries", len(resps), len(items))
 	}

@@ -52,10 +52,14 @@ func (s isolated) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupRes
 	}
 	out := make([]groupResult, len(items))
 	sp := &savepoints{tx: tx}
+	g := newGroupTx(tx, sp)
 	for i, it := range items {
-		if err := s.runOne(ctx, sp, it, &out[i]); err != nil {
+		if err := s.runOne(ctx, sp, g, it, &out[i]); err != nil {
 			return broken(out, i, err), nil
 		}
+	}
+	if err := c.writeOutbox(ctx, g); err != nil {
+		return failAll(out, err), nil
 	}
 	leased, err := s.giveUpHeld(ctx, tx, items, out)
 	if err != nil {
@@ -135,15 +139,19 @@ func (s isolated) giveUpHeld(ctx context.Context, tx pgx.Tx, items []*item, out 
 // the delivery's trace.
 func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResult {
 	c := s.c
-	result, err := c.call(it, tx, nil)
+	g := newGroupTx(tx, nil)
+	result, err := c.call(it, g)
 	if err != nil {
 		return []groupResult{{err: err}}
 	}
 	cctx, cspan := c.tracer.Start(it.ctx, "idemq complete")
 	defer cspan.End()
-	sctx, cancel := c.storeCtx(cctx)
-	err = c.store.Complete(sctx, tx, it.lease, result)
-	cancel()
+	err = c.writeOutbox(cctx, g)
+	if err == nil {
+		sctx, cancel := c.storeCtx(cctx)
+		err = c.store.Complete(sctx, tx, it.lease, result)
+		cancel()
+	}
 	if err == nil {
 		c.crashAt(kit.StageBeforeCommit, "", []*item{it}, tx)
 		if err = c.commit(cctx, tx); err != nil {
@@ -164,16 +172,20 @@ func (s isolated) runAlone(ctx context.Context, tx pgx.Tx, it *item) []groupResu
 // (its handler's error, a lost lease) rolls back to the savepoint and is
 // recorded in r; a returned error means the shared transaction itself is
 // broken.
-func (s isolated) runOne(ctx context.Context, sp *savepoints, it *item, r *groupResult) error {
+func (s isolated) runOne(ctx context.Context, sp *savepoints, g *groupTx, it *item, r *groupResult) error {
 	c := s.c
 	sp.next()
-	result, err := c.call(it, sp.tx, sp)
+	rows := g.pend.Len()
+	result, err := c.call(it, g)
 	if err == nil {
 		cctx, cancel := c.storeCtx(ctx)
 		err = sp.complete(cctx, c.store, it.lease, result)
 		cancel()
 	}
 	if err != nil {
+		// Its outbox rows go with the rest of its work (a handler that
+		// failed, or a completion fenced out: the lease was lost).
+		g.pend.Truncate(rows)
 		r.err = err
 		rctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
 		defer cancel()
@@ -215,7 +227,11 @@ func (s whole) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult
 // (unknown: every item fails and is retried), not an error.
 func (s whole) commitWhole(ctx context.Context, tx pgx.Tx, items []*item) ([]groupResult, error) {
 	c := s.c
-	results, err := s.handle(ctx, items, tx)
+	g := newGroupTx(tx, nil)
+	results, err := s.handle(ctx, items, g)
+	if err == nil {
+		err = c.writeOutbox(ctx, g)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -249,14 +265,14 @@ func (s whole) commitWhole(ctx context.Context, tx pgx.Tx, items []*item) ([]gro
 
 // handle runs the group's user code in tx: the batch handler once, or each
 // handler in turn; the first failure ends it.
-func (s whole) handle(ctx context.Context, items []*item, tx pgx.Tx) ([]dedup.Result, error) {
+func (s whole) handle(ctx context.Context, items []*item, g *groupTx) ([]dedup.Result, error) {
 	if s.batch {
-		return s.c.callBatch(ctx, items, tx)
+		return s.c.callBatch(ctx, items, g)
 	}
 	results := make([]dedup.Result, len(items))
 	for i, it := range items {
 		var err error
-		if results[i], err = s.c.call(it, tx, nil); err != nil {
+		if results[i], err = s.c.call(it, g); err != nil {
 			return nil, err
 		}
 	}

@@ -144,7 +144,10 @@ var columnList = func() string {
 
 // Enqueue writes msg into the outbox in tx, the caller's transaction: the
 // message is published if and only if tx commits. A relay publishes it soon
-// after the commit (it is woken by NOTIFY).
+// after the commit (it is woken by NOTIFY). In a handler the consumer runs,
+// on the transaction the handler was given, the row is deferred: the
+// runtime writes the rows of the whole group with one statement before it
+// completes the keys (see Deferred).
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if tx == nil {
 		return errors.New("outbox: enqueue: nil transaction")
@@ -153,14 +156,19 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
+	if d := deferredFor(ctx, tx); d != nil {
+		d.add(o, row)
+		return nil
+	}
 	if _, err := tx.Exec(ctx, o.insert, row...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return nil
 }
 
-// EnqueueBatch writes msgs into the outbox in tx with one COPY. Messages
-// without a MessageID take claim sequence numbers in slice order.
+// EnqueueBatch writes msgs into the outbox in tx with one COPY (deferred
+// like Enqueue's). Messages without a MessageID take claim sequence numbers
+// in slice order.
 func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 	if tx == nil {
 		return errors.New("outbox: enqueue batch: nil transaction")
@@ -176,10 +184,22 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) er
 		}
 		rows[i] = row
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows)); err != nil {
+	if d := deferredFor(ctx, tx); d != nil {
+		for _, row := range rows {
+			d.add(o, row)
+		}
+		return nil
+	}
+	if err := o.copyRows(ctx, tx, rows); err != nil {
 		return fmt.Errorf("outbox: enqueue batch: %w", err)
 	}
 	return nil
+}
+
+// copyRows writes rows into the outbox in tx with one COPY.
+func (o *Outbox) copyRows(ctx context.Context, tx pgx.Tx, rows [][]any) error {
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows))
+	return err
 }
 
 // row checks msg, fills its defaults and returns its column values.
