@@ -28,12 +28,14 @@ import (
 //	         to the first of Concurrency executors that is free; a group of
 //	         one is the per-message mode.
 //	claim    each delivery's key, tenant and fingerprint are read (prepare),
-//	         the group's keys are reserved with one statement, and what is not
-//	         acquired (duplicate, busy, key reuse) is settled at once.
+//	         the group's keys are reserved with one statement, in the group's
+//	         transaction (held: the row lock is the lease) unless
+//	         SeparateReservations, and what is not acquired (duplicate, busy,
+//	         key reuse) is settled at once (run, claimAndExecute, claim).
 //	execute  the acquired items run under the consumer's strategy (isolated,
 //	         optimistic, batch; see strategy.go), in one transaction with one
-//	         commit, while one heartbeat extends their leases and cancels
-//	         exactly the items whose lease was lost.
+//	         commit; separate leases are extended by one heartbeat, which
+//	         cancels exactly the items whose lease was lost.
 //	settle   each item gets its outcome: acked after the commit, or replaced by
 //	         a retry or dead-letter copy the broker confirmed (settle.go).
 
