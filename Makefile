@@ -21,12 +21,12 @@ export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 # (integration/browser) are five modules tied by go.work; a pattern names each.
 PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integration/browser/...
 
-.PHONY: help up test lint demo bench scale chaos fuzz build jaeger tidy
+.PHONY: help up test lint demo bench scale chaos cluster cluster-up cluster-down fuzz build jaeger tidy
 
 help: ## Show this list of targets
 	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
 	@echo
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-7s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 up: ## Make sure Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) run, starting them if needed
 	@bash deploy/local/ensure-services.sh
@@ -88,6 +88,20 @@ scale: up ## Retention at size: load 10 M keys (SCALE_KEYS), run a worker while 
 
 chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
 	$(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) ./integration/chaos/...
+
+# make cluster: the soak on a three-node RabbitMQ cluster and a Postgres
+# primary with a synchronous standby, made on this machine for the run and
+# removed after it, also when it fails or is interrupted (docs/operations.md,
+# Production topology).
+cluster: ## Soak on the production topology (3 RabbitMQ nodes, Postgres + sync standby) with node and primary failovers; creates and removes it (under 20 min)
+	@trap '$(MAKE) cluster-down' EXIT; \
+	$(GO) test -race -count=1 -timeout 19m -tags cluster -run '^(TestFailoverLosesOnlyAsynchronousReservations|TestSoakCluster)$$' -v $(TESTFLAGS) ./integration/chaos/
+
+cluster-up: ## Create the topology of make cluster and leave it running; prints IDEMQ_AMQP_URL and IDEMQ_POSTGRES_URL for it
+	@$(GO) test -count=1 -tags cluster -run '^TestClusterUp$$' -v ./integration/chaos/ | grep '^IDEMQ_'
+
+cluster-down: ## Remove what make cluster left: nodes idemq-c1..c3@localhost and Postgres clusters 15/idemqpga, 15/idemqpgb
+	@$(GO) test -count=1 -tags cluster -run '^TestClusterDown$$' ./integration/chaos/
 
 # Fuzz targets as package:Target; make fuzz runs each for FUZZTIME. Their seed
 # corpora (testdata/fuzz) also run as plain tests in make test.

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,26 +12,64 @@ import (
 
 // The fault kinds, in the order of the report.
 const (
-	faultWorkerKill     = "worker_sigkill"
-	faultCloseAll       = "amqp_close_all_connections"
-	faultBrokerStop     = "broker_stop_app"
-	faultPGTerminate    = "pg_terminate_backend"
-	faultPGRestart      = "pg_restart_fast"
-	faultPGStopImmed    = "pg_stop_immediate"
-	faultNetLatency     = "net_latency"
-	faultNetBlackhole   = "net_timeout"
-	faultNetResetPeer   = "net_reset_peer"
-	faultDeleteTier     = "delete_retry_tier"
-	faultDeleteDLQ      = "delete_dlq"
-	proxyPostgres       = "postgres"
-	proxyRabbitMQ       = "rabbitmq"
-	maxFaultHoldSeconds = 8
+	faultWorkerKill   = "worker_sigkill"
+	faultCloseAll     = "amqp_close_all_connections"
+	faultBrokerStop   = "broker_stop_app"
+	faultPGTerminate  = "pg_terminate_backend"
+	faultPGRestart    = "pg_restart_fast"
+	faultPGStopImmed  = "pg_stop_immediate"
+	faultNetLatency   = "net_latency"
+	faultNetBlackhole = "net_timeout"
+	faultNetResetPeer = "net_reset_peer"
+	faultDeleteTier   = "delete_retry_tier"
+	faultDeleteDLQ    = "delete_dlq"
+	// The faults of the cluster topology (cluster_test.go), each followed
+	// by the step that restores redundancy.
+	faultRabbitLeaderDown = "rabbit_leader_down"
+	faultRabbitNodeBack   = "rabbit_node_back"
+	faultPGFailover       = "pg_failover"
+	faultPGStandby        = "pg_standby_rebuilt"
+	proxyPostgres         = "postgres"
+	proxyRabbitMQ         = "rabbitmq"
+	maxFaultHoldSeconds   = 8
 )
 
 var faultKinds = []string{
 	faultWorkerKill, faultCloseAll, faultBrokerStop, faultPGTerminate, faultPGRestart,
 	faultPGStopImmed, faultNetLatency, faultNetBlackhole, faultNetResetPeer,
 	faultDeleteTier, faultDeleteDLQ,
+}
+
+// clusterFaultKinds are the faults drawn on the cluster topology.
+var clusterFaultKinds = []string{faultRabbitLeaderDown, faultPGFailover}
+
+// followUps are the steps that come after a fault, once it was held a
+// while: the node brought back, the standby re-created. Each is recorded
+// (with its recovery time) as a fault of its own kind.
+var followUps = map[string]string{
+	faultRabbitLeaderDown: faultRabbitNodeBack,
+	faultPGFailover:       faultPGStandby,
+}
+
+// drawn are the fault kinds the run draws from.
+func (o soakOptions) drawn() []string {
+	if o.Kinds == nil {
+		return faultKinds
+	}
+	return o.Kinds
+}
+
+// kinds are the fault kinds of the run, drawn ones and follow-ups, in the
+// order of the report.
+func (o soakOptions) kinds() []string {
+	var out []string
+	for _, k := range o.drawn() {
+		out = append(out, k)
+		if f := followUps[k]; f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // faultRecord is one injected fault.
@@ -53,10 +92,14 @@ type faultRecord struct {
 // (and, with EveryKind, every kind was injected), the run stalls (true) or
 // ctx ends.
 func (s *soak) injectFaults(ctx context.Context) (stalled bool) {
+	drawn := s.o.drawn()
 	var required []string
 	if s.o.EveryKind {
-		required = append(required, faultKinds...)
-		s.rng.Shuffle(len(required), func(i, j int) { required[i], required[j] = required[j], required[i] })
+		for range max(s.o.Rounds, 1) {
+			round := slices.Clone(drawn)
+			s.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+			required = append(required, round...)
+		}
 	}
 	for {
 		gap := s.o.FaultGap[0] + time.Duration(s.rng.Int64N(int64(s.o.FaultGap[1]-s.o.FaultGap[0])+1))
@@ -77,11 +120,16 @@ func (s *soak) injectFaults(ctx context.Context) (stalled bool) {
 		if len(required) == 0 && s.settled(ctx) {
 			return false
 		}
-		kind := faultKinds[s.rng.IntN(len(faultKinds))]
+		kind := drawn[s.rng.IntN(len(drawn))]
 		if len(required) > 0 {
 			kind, required = required[0], required[1:]
 		}
 		s.inject(ctx, kind)
+		if next := followUps[kind]; next != "" {
+			// The work goes on without the node or the standby meanwhile.
+			s.pause(ctx, s.hold(s.o.FaultGap[0].Seconds(), s.o.FaultGap[1].Seconds()))
+			s.inject(context.WithoutCancel(ctx), next)
+		}
 	}
 }
 
@@ -207,6 +255,18 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 
 	case faultDeleteDLQ:
 		return s.deleteDLQ(ctx)
+
+	case faultRabbitLeaderDown:
+		return s.svc.cluster.killLeader(restoreCtx, s.topo.Queue)
+
+	case faultRabbitNodeBack:
+		return s.svc.cluster.nodeBack(restoreCtx, s.topo.Queue)
+
+	case faultPGFailover:
+		return s.svc.cluster.failover(restoreCtx, s.hold(1, 3))
+
+	case faultPGStandby:
+		return s.svc.cluster.rebuildStandby(restoreCtx)
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/amqpdial"
 )
 
 // confirmWindow is how many messages may await their confirm at once.
@@ -21,7 +23,7 @@ const confirmWindow = 256
 // not confirmed, so a message may be published more than once, as a real
 // publisher's retry would.
 type publisher struct {
-	url   string
+	addrs amqpdial.Addrs
 	queue string
 	plan  *plan
 	rate  float64
@@ -34,8 +36,8 @@ type publisher struct {
 	finished                                     atomic.Bool
 }
 
-func newPublisher(url, queue string, p *plan, rate float64) *publisher {
-	return &publisher{url: url, queue: queue, plan: p, rate: rate}
+func newPublisher(addrs amqpdial.Addrs, queue string, p *plan, rate float64) *publisher {
+	return &publisher{addrs: addrs, queue: queue, plan: p, rate: rate}
 }
 
 // message is the publishing of one copy of op o.
@@ -219,7 +221,8 @@ func (p *publisher) channel() (*amqp.Channel, error) {
 		return p.ch, nil
 	}
 	p.reset()
-	conn, err := amqp.DialConfig(p.url, amqp.Config{Properties: connName("idemq-chaos-publisher"), Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 5 * time.Second})
+	d := amqpdial.Dialer{Addrs: p.addrs, Name: "idemq-chaos-publisher", Config: &amqp.Config{Heartbeat: 5 * time.Second}, Timeout: 5 * time.Second}
+	conn, err := d.Dial(context.Background())
 	if err != nil {
 		return nil, err
 	}

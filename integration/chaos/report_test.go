@@ -66,7 +66,11 @@ type report struct {
 
 	Outcomes       map[string]int64
 	WorkerRestarts int
-	Faults         []faultRecord
+	// Kinds are the fault kinds of the run, Faults what was injected.
+	Kinds  []string
+	Faults []faultRecord
+	// Topology describes the cluster of a cluster run ("" otherwise).
+	Topology string
 
 	Settled    bool
 	PublishErr error
@@ -89,7 +93,12 @@ func (s *soak) verify(ctx context.Context) *report {
 		FrameMax:  s.plan.FrameMax,
 		Confirmed: s.pub.confirmed.Load(), Republished: s.pub.republished.Load(),
 		PublisherReconnects: s.pub.reconnects.Load(), Returned: s.pub.returned.Load(),
-		DLQByReason: map[string]int{}, Outcomes: map[string]int64{},
+		DLQByReason: map[string]int{}, Outcomes: map[string]int64{}, Kinds: s.o.kinds(),
+	}
+	if s.o.Cluster {
+		r.Topology = fmt.Sprintf("RabbitMQ %d nodes (%s), quorum queues with a member on each; Postgres primary + synchronous standby (%s, %s), workers on %s",
+			clusterNodes, strings.Join(s.svc.cluster.nodeNames(), ", "), s.svc.cluster.pg[0], s.svc.cluster.pg[1],
+			"all three AMQP URLs and target_session_attrs=read-write")
 	}
 	fail := func(format string, args ...any) { r.Failures = append(r.Failures, fmt.Sprintf(format, args...)) }
 	s.mu.Lock()
@@ -452,6 +461,9 @@ func (r *report) String() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("idemq chaos soak %s — %s", r.RunID, verdict)
 	p("  run          seed %d, %s services, %d worker processes × %d handlers, %s", r.Seed, r.Services, r.Workers, r.Conc, r.Elapsed.Round(time.Second))
+	if r.Topology != "" {
+		p("  topology     %s", r.Topology)
+	}
 	p("  messages     %d planned: %d ops (%d ok, %d reject, %d poison, %d twins, %d near and %d at frame_max), %d duplicates (%d bursts of %d), %d flaky ops, %d keys shared by two tenants, %d keys in the header",
 		r.Planned, r.Ops, r.ByKind[kindOK], r.ByKind[kindReject], r.ByKind[kindPoison]+r.ByKind[kindPoisonJSON],
 		r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.ByKind[kindNearFrameMax], r.ByKind[kindAtFrameMax],
@@ -490,7 +502,7 @@ func (r *report) String() string {
 		byKind[f.Kind] = append(byKind[f.Kind], f)
 	}
 	p("  faults       %d injected", len(r.Faults))
-	for _, k := range faultKinds {
+	for _, k := range r.Kinds {
 		fs := byKind[k]
 		if len(fs) == 0 {
 			p("    %-27s 0", k)

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -47,19 +47,24 @@ const (
 )
 
 // services are the Postgres cluster and RabbitMQ node the soak runs on and
-// breaks.
+// breaks (or, in cluster mode, a three-node RabbitMQ cluster and a Postgres
+// primary with a synchronous standby: see cluster_test.go).
 type services struct {
 	mode string
 	// pgURL and amqpURL reach the services directly (the workers go through
-	// toxiproxy instead).
+	// toxiproxy instead). In cluster mode pgURL names both Postgres servers
+	// (target_session_attrs=read-write) and amqpURL the first node.
 	pgURL, amqpURL string
-	pgHostPort     string
-	amqpHostPort   string
-	// pgVersion and pgCluster name the cluster for pg_ctlcluster.
-	pgVersion, pgCluster string
-	// rabbitNode is passed to rabbitmqctl -n ("" = its default node).
-	rabbitNode string
-	rabbitEnv  []string
+	// amqpURLs are the broker addresses a client may dial, in order.
+	amqpURLs     []string
+	pgHostPort   string
+	amqpHostPort string
+	// pg is the Postgres cluster the faults hit, rabbit the RabbitMQ node
+	// (single-node modes).
+	pg     *pgCluster
+	rabbit *rabbitNode
+	// cluster is the topology of cluster mode (nil otherwise).
+	cluster *cluster
 }
 
 // newServices returns the services of IDEMQ_CHAOS_SERVICES (private by
@@ -70,42 +75,26 @@ func newServices(t *testing.T) *services {
 	s := &services{mode: envOr("IDEMQ_CHAOS_SERVICES", "private")}
 	switch s.mode {
 	case "private":
-		s.pgVersion = envOr("IDEMQ_CHAOS_PG_VERSION", "15")
-		s.pgCluster = privatePGName
-		s.pgHostPort = fmt.Sprintf("127.0.0.1:%d", privatePGPort)
-		s.pgURL = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.pgHostPort)
-		s.rabbitNode = privateRabbitNode
-		s.amqpHostPort = fmt.Sprintf("127.0.0.1:%d", privateAMQPPort)
-		s.amqpURL = fmt.Sprintf("amqp://guest:guest@%s/", s.amqpHostPort)
-		s.rabbitEnv = []string{
-			"RABBITMQ_NODENAME=" + privateRabbitNode,
-			"RABBITMQ_NODE_PORT=" + strconv.Itoa(privateAMQPPort),
-			"RABBITMQ_DIST_PORT=" + strconv.Itoa(privateDistPort),
-			"RABBITMQ_CONFIG_FILE=" + filepath.Join(privateRabbitBase, "rabbitmq.conf"),
-			"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(privateRabbitBase, "rabbitmq-env.conf"),
-			"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(privateRabbitBase, "enabled_plugins"),
-			"RABBITMQ_MNESIA_BASE=" + filepath.Join(privateRabbitBase, "mnesia"),
-			"RABBITMQ_LOG_BASE=" + filepath.Join(privateRabbitBase, "log"),
-			"RABBITMQ_PID_FILE=" + filepath.Join(privateRabbitBase, "pid"),
-			"ERL_EPMD_ADDRESS=127.0.0.1",
-		}
+		s.pg = &pgCluster{version: envOr("IDEMQ_CHAOS_PG_VERSION", "15"), name: privatePGName, port: privatePGPort}
+		s.pg.url = s.pg.localURL()
+		s.rabbit = newPrivateNode(privateRabbitNode, privateAMQPPort, privateDistPort, privateRabbitBase)
 	case "shared":
 		cluster := strings.Fields(envOr("IDEMQ_CHAOS_PG_CLUSTER", "15 main"))
 		if len(cluster) != 2 {
 			t.Fatalf("IDEMQ_CHAOS_PG_CLUSTER=%q: want \"<version> <name>\" as pg_lsclusters shows it", os.Getenv("IDEMQ_CHAOS_PG_CLUSTER"))
 		}
-		s.pgVersion, s.pgCluster = cluster[0], cluster[1]
-		s.rabbitNode = os.Getenv("IDEMQ_CHAOS_RABBIT_NODE")
-		s.pgURL, s.amqpURL = testdb.URL(), testamqp.URL()
-		var err error
-		if s.pgHostPort, err = hostPort(s.pgURL, "5432"); err != nil {
-			t.Fatalf("IDEMQ_TEST_POSTGRES_URL: %v", err)
-		}
-		if s.amqpHostPort, err = hostPort(s.amqpURL, "5672"); err != nil {
-			t.Fatalf("IDEMQ_TEST_AMQP_URL: %v", err)
-		}
+		s.pg = &pgCluster{version: cluster[0], name: cluster[1], url: testdb.URL()}
+		s.rabbit = &rabbitNode{name: os.Getenv("IDEMQ_CHAOS_RABBIT_NODE"), url: testamqp.URL()}
 	default:
 		t.Fatalf("IDEMQ_CHAOS_SERVICES=%q: want private or shared", s.mode)
+	}
+	s.pgURL, s.amqpURL, s.amqpURLs = s.pg.url, s.rabbit.url, []string{s.rabbit.url}
+	var err error
+	if s.pgHostPort, err = hostPort(s.pgURL, "5432"); err != nil {
+		t.Fatalf("Postgres URL: %v", err)
+	}
+	if s.amqpHostPort, err = hostPort(s.amqpURL, "5672"); err != nil {
+		t.Fatalf("AMQP URL: %v", err)
 	}
 	// One soak at a time on the same services: two would break each other's
 	// runs (go test ./... of two checkouts, or make test next to make chaos).
@@ -129,11 +118,11 @@ func newServices(t *testing.T) *services {
 // then waits until both answer.
 func (s *services) up(ctx context.Context) error {
 	if s.mode == "private" {
-		if err := s.createPrivatePG(ctx); err != nil {
-			return err
+		if err := s.pg.create(ctx, "--auth=trust"); err != nil {
+			return fmt.Errorf("create the soak's Postgres cluster: %w", err)
 		}
-		if err := s.preparePrivateRabbit(); err != nil {
-			return err
+		if err := s.rabbit.prepare(); err != nil {
+			return fmt.Errorf("prepare the soak's RabbitMQ node: %w", err)
 		}
 	}
 	if err := s.pgStart(ctx); err != nil {
@@ -150,97 +139,34 @@ func (s *services) restore() error {
 	return errors.Join(s.pgStart(ctx), s.brokerStart(ctx))
 }
 
-func (s *services) createPrivatePG(ctx context.Context) error {
-	out, err := run(ctx, nil, "pg_lsclusters", "-h")
+// amqpAddrs are the broker addresses, parsed.
+func (s *services) amqpAddrs(t *testing.T) amqpdial.Addrs {
+	t.Helper()
+	addrs, err := amqpdial.Parse(s.amqpURLs...)
 	if err != nil {
-		return fmt.Errorf("pg_lsclusters (are the Debian postgresql-common tools installed?): %w", err)
+		t.Fatalf("broker addresses: %v", err)
 	}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == s.pgVersion && f[1] == s.pgCluster {
-			return nil
-		}
-	}
-	_, err = run(ctx, nil, "pg_createcluster", s.pgVersion, s.pgCluster, "-p", strconv.Itoa(privatePGPort),
-		"--", "--auth=trust")
-	if err != nil {
-		return fmt.Errorf("create the soak's Postgres cluster: %w", err)
-	}
-	return nil
+	return addrs
 }
 
-// preparePrivateRabbit writes the private node's configuration: its own
-// port, data and logs, nothing read from /etc/rabbitmq.
-func (s *services) preparePrivateRabbit() error {
-	files := map[string]string{
-		"rabbitmq.conf":     fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", privateAMQPPort),
-		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\nexport ERL_FLAGS=\"-kernel inet_dist_use_interface {127,0,0,1}\"\n",
-		"enabled_plugins":   "[].\n",
-	}
-	for _, dir := range []string{privateRabbitBase, filepath.Join(privateRabbitBase, "mnesia"), filepath.Join(privateRabbitBase, "log")} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("prepare the soak's RabbitMQ node: %w", err)
-		}
-	}
-	for name, content := range files {
-		path := filepath.Join(privateRabbitBase, name)
-		if old, err := os.ReadFile(path); err == nil && string(old) == content {
-			continue
-		}
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("prepare the soak's RabbitMQ node: %w", err)
-		}
-	}
-	// The server runs as the rabbitmq user (the Debian wrapper switches to it).
-	if _, err := run(context.Background(), nil, "chown", "-R", "rabbitmq:rabbitmq", privateRabbitBase); err != nil {
-		return fmt.Errorf("prepare the soak's RabbitMQ node: %w", err)
-	}
-	return nil
-}
+// The faults of the single-node modes, on s.pg and s.rabbit.
 
-// ---------------------------------------------------------------- Postgres
+func (s *services) pgStart(ctx context.Context) error     { return s.pg.start(ctx) }
+func (s *services) brokerStart(ctx context.Context) error { return s.rabbit.start(ctx) }
 
-func (s *services) pgctl(ctx context.Context, args ...string) error {
-	full := append([]string{"--skip-systemctl-redirect", s.pgVersion, s.pgCluster}, args...)
-	_, err := run(ctx, nil, "pg_ctlcluster", full...)
-	return err
-}
-
-// pgStart starts the cluster unless it runs, and waits until it answers.
-func (s *services) pgStart(ctx context.Context) error {
-	if s.pgAnswers(ctx) {
-		return nil
-	}
-	if err := s.pgctl(ctx, "start"); err != nil && !s.pgAnswers(ctx) {
-		// "already running" is an error for pg_ctlcluster; an answer settles it.
-		return fmt.Errorf("start Postgres %s/%s: %w", s.pgVersion, s.pgCluster, err)
-	}
-	if err := waitUntil(ctx, 2*time.Minute, func() bool { return s.pgAnswers(ctx) }); err != nil {
-		return fmt.Errorf("Postgres %s/%s does not answer after start: %w", s.pgVersion, s.pgCluster, err)
-	}
-	return nil
-}
-
-func (s *services) pgAnswers(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, s.pgURL)
-	if err != nil {
-		return false
-	}
-	defer conn.Close(context.Background())
-	return conn.Ping(ctx) == nil
+func (s *services) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
+	return s.rabbit.ctl(ctx, args...)
 }
 
 func (s *services) pgRestartFast(ctx context.Context) error {
-	if err := s.pgctl(ctx, "restart", "-m", "fast"); err != nil {
+	if err := s.pg.ctl(ctx, "restart", "-m", "fast"); err != nil {
 		return fmt.Errorf("restart Postgres: %w", err)
 	}
 	return s.pgStart(ctx)
 }
 
 func (s *services) pgStopImmediate(ctx context.Context) error {
-	if err := s.pgctl(ctx, "stop", "-m", "immediate"); err != nil {
+	if err := s.pg.ctl(ctx, "stop", "-m", "immediate"); err != nil {
 		return fmt.Errorf("stop Postgres: %w", err)
 	}
 	return nil
@@ -262,66 +188,220 @@ FROM pg_stat_activity WHERE starts_with(application_name, $1) AND pid <> pg_back
 	return n, err
 }
 
-// ---------------------------------------------------------------- RabbitMQ
-
-func (s *services) rabbitmqctl(ctx context.Context, args ...string) (string, error) {
-	if s.rabbitNode != "" {
-		args = append([]string{"-n", s.rabbitNode}, args...)
-	}
-	return run(ctx, nil, "rabbitmqctl", args...)
-}
-
-// brokerStart starts the node (private mode) or its application unless
-// they run, and waits until the broker takes AMQP connections.
-func (s *services) brokerStart(ctx context.Context) error {
-	if s.amqpAnswers() {
-		return nil
-	}
-	if s.mode == "private" {
-		if _, err := s.rabbitmqctl(ctx, "ping", "--timeout", "5"); err != nil {
-			if _, err := run(ctx, s.rabbitEnv, "rabbitmq-server", "-detached"); err != nil {
-				return fmt.Errorf("start the soak's RabbitMQ node: %w", err)
-			}
-			// The node registers with epmd a few seconds after -detached returns.
-			if err := waitUntil(ctx, 2*time.Minute, func() bool {
-				_, err := s.rabbitmqctl(ctx, "ping", "--timeout", "5")
-				return err == nil
-			}); err != nil {
-				return fmt.Errorf("the soak's RabbitMQ node does not come up: %w", err)
-			}
-		}
-	}
-	if _, err := s.rabbitmqctl(ctx, "start_app"); err != nil {
-		return fmt.Errorf("rabbitmqctl start_app: %w", err)
-	}
-	if _, err := s.rabbitmqctl(ctx, "await_startup", "--timeout", "120"); err != nil {
-		return fmt.Errorf("rabbitmqctl await_startup: %w", err)
-	}
-	if err := waitUntil(ctx, 2*time.Minute, s.amqpAnswers); err != nil {
-		return fmt.Errorf("RabbitMQ does not take connections after start: %w", err)
-	}
-	return nil
-}
-
-func (s *services) amqpAnswers() bool {
-	conn, err := amqp.DialConfig(s.amqpURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second), Properties: connName("idemq-chaos-probe")})
-	if err != nil {
-		return false
-	}
-	_ = conn.Close()
-	return true
-}
-
 func (s *services) brokerStopApp(ctx context.Context) error {
-	if _, err := s.rabbitmqctl(ctx, "stop_app"); err != nil {
+	if _, err := s.rabbit.ctl(ctx, "stop_app"); err != nil {
 		return fmt.Errorf("rabbitmqctl stop_app: %w", err)
 	}
 	return nil
 }
 
 func (s *services) brokerCloseAll(ctx context.Context) error {
-	_, err := s.rabbitmqctl(ctx, "close_all_connections", "closed by the idemq chaos soak")
+	_, err := s.rabbit.ctl(ctx, "close_all_connections", "closed by the idemq chaos soak")
 	return err
+}
+
+// ---------------------------------------------------------------- Postgres
+
+// pgCluster is one Postgres cluster as pg_lsclusters names it.
+type pgCluster struct {
+	version, name string
+	// port is the cluster's port (0 for a cluster the soak does not create).
+	port int
+	url  string
+}
+
+// localURL is the URL of a cluster the soak runs itself: 127.0.0.1, trust.
+func (p *pgCluster) localURL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
+}
+
+func (p *pgCluster) String() string { return p.version + "/" + p.name }
+
+func (p *pgCluster) ctl(ctx context.Context, args ...string) error {
+	full := append([]string{"--skip-systemctl-redirect", p.version, p.name}, args...)
+	_, err := run(ctx, nil, "pg_ctlcluster", full...)
+	return err
+}
+
+// exists reports whether pg_lsclusters lists the cluster.
+func (p *pgCluster) exists(ctx context.Context) (bool, error) {
+	out, err := run(ctx, nil, "pg_lsclusters", "-h")
+	if err != nil {
+		return false, fmt.Errorf("pg_lsclusters (are the Debian postgresql-common tools installed?): %w", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == p.version && f[1] == p.name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// create makes the cluster on its port unless it exists, passing initdb
+// the given options.
+func (p *pgCluster) create(ctx context.Context, initdb ...string) error {
+	if ok, err := p.exists(ctx); err != nil || ok {
+		return err
+	}
+	args := append([]string{p.version, p.name, "-p", strconv.Itoa(p.port), "--"}, initdb...)
+	_, err := run(ctx, nil, "pg_createcluster", args...)
+	return err
+}
+
+// start starts the cluster unless it runs, and waits until it answers.
+func (p *pgCluster) start(ctx context.Context) error {
+	if p.answers(ctx) {
+		return nil
+	}
+	if err := p.ctl(ctx, "start"); err != nil && !p.answers(ctx) {
+		// "already running" is an error for pg_ctlcluster; an answer settles it.
+		return fmt.Errorf("start Postgres %s: %w", p, err)
+	}
+	if err := waitUntil(ctx, 2*time.Minute, func() bool { return p.answers(ctx) }); err != nil {
+		return fmt.Errorf("Postgres %s does not answer after start: %w", p, err)
+	}
+	return nil
+}
+
+func (p *pgCluster) answers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.url)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.Background())
+	return conn.Ping(ctx) == nil
+}
+
+// ---------------------------------------------------------------- RabbitMQ
+
+// rabbitNode is one RabbitMQ node: one the soak runs itself (base set:
+// its own ports, data and logs, nothing read from /etc/rabbitmq), or one it
+// only drives with rabbitmqctl.
+type rabbitNode struct {
+	// name is passed to rabbitmqctl -n ("" = its default node).
+	name               string
+	amqpPort, distPort int
+	// base is the data directory of a node the soak runs ("" otherwise).
+	base string
+	url  string
+}
+
+func newPrivateNode(name string, amqpPort, distPort int, base string) *rabbitNode {
+	return &rabbitNode{name: name, amqpPort: amqpPort, distPort: distPort, base: base,
+		url: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort)}
+}
+
+// env is the environment rabbitmq-server runs a private node with.
+func (n *rabbitNode) env() []string {
+	return []string{
+		"RABBITMQ_NODENAME=" + n.name,
+		"RABBITMQ_NODE_PORT=" + strconv.Itoa(n.amqpPort),
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(n.distPort),
+		"RABBITMQ_CONFIG_FILE=" + filepath.Join(n.base, "rabbitmq.conf"),
+		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(n.base, "rabbitmq-env.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(n.base, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(n.base, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(n.base, "log"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(n.base, "pid"),
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+	}
+}
+
+// prepare writes a private node's configuration: its own port, data and
+// logs, no plugins (so no management listener to clash with another node).
+func (n *rabbitNode) prepare() error {
+	files := map[string]string{
+		"rabbitmq.conf":     fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", n.amqpPort),
+		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\nexport ERL_FLAGS=\"-kernel inet_dist_use_interface {127,0,0,1}\"\n",
+		"enabled_plugins":   "[].\n",
+	}
+	for _, dir := range []string{n.base, filepath.Join(n.base, "mnesia"), filepath.Join(n.base, "log")} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	for name, content := range files {
+		path := filepath.Join(n.base, name)
+		if old, err := os.ReadFile(path); err == nil && string(old) == content {
+			continue
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	// The server runs as the rabbitmq user (the Debian wrapper switches to it).
+	_, err := run(context.Background(), nil, "chown", "-R", "rabbitmq:rabbitmq", n.base)
+	return err
+}
+
+func (n *rabbitNode) ctl(ctx context.Context, args ...string) (string, error) {
+	if n.name != "" {
+		args = append([]string{"-n", n.name}, args...)
+	}
+	return run(ctx, nil, "rabbitmqctl", args...)
+}
+
+// running reports whether the node's Erlang VM answers (its application
+// may be stopped).
+func (n *rabbitNode) running(ctx context.Context) bool {
+	_, err := n.ctl(ctx, "ping", "--timeout", "5")
+	return err == nil
+}
+
+// boot starts a private node's VM unless it runs (rabbitmq-server
+// -detached) and waits until it answers rabbitmqctl.
+func (n *rabbitNode) boot(ctx context.Context) error {
+	if n.running(ctx) {
+		return nil
+	}
+	if _, err := run(ctx, n.env(), "rabbitmq-server", "-detached"); err != nil {
+		return fmt.Errorf("start RabbitMQ node %s: %w", n.name, err)
+	}
+	// The node registers with epmd a few seconds after -detached returns.
+	if err := waitUntil(ctx, 2*time.Minute, func() bool { return n.running(ctx) }); err != nil {
+		return fmt.Errorf("RabbitMQ node %s does not come up: %w", n.name, err)
+	}
+	return nil
+}
+
+// start starts the node (a private one) or its application unless they
+// run, and waits until the broker takes AMQP connections.
+func (n *rabbitNode) start(ctx context.Context) error {
+	if n.amqpAnswers() {
+		return nil
+	}
+	if n.base != "" {
+		if err := n.boot(ctx); err != nil {
+			return err
+		}
+	}
+	if _, err := n.ctl(ctx, "start_app"); err != nil {
+		return fmt.Errorf("rabbitmqctl start_app: %w", err)
+	}
+	if _, err := n.ctl(ctx, "await_startup", "--timeout", "120"); err != nil {
+		return fmt.Errorf("rabbitmqctl await_startup: %w", err)
+	}
+	if err := waitUntil(ctx, 2*time.Minute, n.amqpAnswers); err != nil {
+		return fmt.Errorf("RabbitMQ does not take connections after start: %w", err)
+	}
+	return nil
+}
+
+func (n *rabbitNode) amqpAnswers() bool {
+	addrs, err := amqpdial.Parse(n.url)
+	if err != nil {
+		return false
+	}
+	d := amqpdial.Dialer{Addrs: addrs, Name: "idemq-chaos-probe", Timeout: 3 * time.Second}
+	conn, err := d.Dial(context.Background())
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
 }
 
 // ---------------------------------------------------------------- helpers
@@ -374,12 +454,6 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-func connName(name string) amqp.Table {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(name)
-	return props
 }
 
 // lockServices takes an exclusive lock (flock) named after the services,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -43,6 +44,15 @@ type soakOptions struct {
 	// LeaseMS is the key lease of the workers: how fast a killed worker's
 	// keys are taken over.
 	LeaseMS int
+	// Cluster runs the soak on the production topology (cluster_test.go):
+	// three RabbitMQ nodes and a Postgres primary with a synchronous
+	// standby, reached directly, no toxiproxy. The workers get every
+	// broker address and the multi-host Postgres URL.
+	Cluster bool
+	// Kinds are the fault kinds drawn (nil: faultKinds); with EveryKind
+	// each one is injected Rounds times (at least once) before the draws.
+	Kinds  []string
+	Rounds int
 }
 
 // consumerName is the scope of the soak's keys.
@@ -109,7 +119,7 @@ func runSoak(t *testing.T, o soakOptions) {
 	for i := range o.Workers {
 		s.startWorker(i)
 	}
-	s.pub = newPublisher(s.svc.amqpURL, s.queue, &s.plan, o.PublishRate)
+	s.pub = newPublisher(s.svc.amqpAddrs(t), s.queue, &s.plan, o.PublishRate)
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- s.pub.run(ctx) }()
 	monCtx, monStop := context.WithCancel(ctx)
@@ -161,7 +171,11 @@ func runSoak(t *testing.T, o soakOptions) {
 // declares the queues. It returns the frame_max the broker negotiates.
 func (s *soak) setup() (frameMax int) {
 	t := s.t
-	s.svc = newServices(t)
+	if s.o.Cluster {
+		s.svc = newClusterServices(t)
+	} else {
+		s.svc = newServices(t)
+	}
 	dir, err := os.MkdirTemp("", "idemq-chaos-"+s.runID+"-")
 	if err != nil {
 		t.Fatal(err)
@@ -174,14 +188,19 @@ func (s *soak) setup() (frameMax int) {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	s.tp = startToxiproxy(t, dir)
-	pgProxy := s.tp.proxy(t, "postgres", s.svc.pgHostPort)
-	amqpProxy := s.tp.proxy(t, "rabbitmq", s.svc.amqpHostPort)
-	t.Cleanup(func() {
-		if err := s.tp.removeAllToxics(); err != nil {
-			t.Errorf("chaos: remove toxics: %v", err)
-		}
-	})
+	// The workers reach the single-node services through toxiproxy, and
+	// a cluster directly: all its addresses, to follow it when a node goes.
+	workerPG, workerAMQP := s.svc.pgURL, strings.Join(s.svc.amqpURLs, ",")
+	if !s.o.Cluster {
+		s.tp = startToxiproxy(t, dir)
+		workerPG = withHostPort(s.svc.pgURL, s.tp.proxy(t, "postgres", s.svc.pgHostPort))
+		workerAMQP = withHostPort(s.svc.amqpURL, s.tp.proxy(t, "rabbitmq", s.svc.amqpHostPort))
+		t.Cleanup(func() {
+			if err := s.tp.removeAllToxics(); err != nil {
+				t.Errorf("chaos: remove toxics: %v", err)
+			}
+		})
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -234,8 +253,8 @@ CREATE TABLE `+sch+`.stats (
 	s.outX, s.outQ, s.twinQ = s.queue+".forwarded", s.queue+".forwarded.q", s.queue+".twin.q"
 	s.workerT = workerConfig{
 		Name:        consumerName,
-		PostgresURL: withHostPort(s.svc.pgURL, pgProxy),
-		AMQPURL:     withHostPort(s.svc.amqpURL, amqpProxy),
+		PostgresURL: workerPG,
+		AMQPURL:     workerAMQP,
 		StatsURL:    s.svc.pgURL,
 		Schema:      s.schema,
 		Queue:       s.queue,
@@ -251,10 +270,18 @@ CREATE TABLE `+sch+`.stats (
 	if err := consumer.Apply(context.Background(), ccfg.URL, ccfg.TopologyConfig()); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}
-	s.insp = newInspector(s.svc.amqpURL, s.topo, s.outQ, s.twinQ)
+	s.insp = newInspector(s.svc.amqpAddrs(t), s.topo, s.outQ, s.twinQ)
 	t.Cleanup(s.insp.close)
 	if frameMax, err = s.insp.declareOutput(s.outX, s.outQ, s.twinQ); err != nil {
 		t.Fatal(err)
+	}
+	if s.o.Cluster {
+		// Every queue the soak counts on lives on the three nodes.
+		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ, s.twinQ}, s.tierNames()...)
+		if err := s.svc.cluster.checkReplicas(ctx, queues); err != nil {
+			t.Fatalf("cluster: %v", err)
+		}
+		t.Logf("cluster: %d quorum queues, each with a member on each of the %d nodes", len(queues), clusterNodes)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -594,9 +621,9 @@ func (s *soak) scanLogs() []string {
 // ---------------------------------------------------------------- broker side
 
 // inspector reads queue depths and contents on a connection of its own,
-// dialled again when a fault closed it.
+// dialled again (to another node of a cluster) when a fault closed it.
 type inspector struct {
-	url   string
+	addrs amqpdial.Addrs
 	topo  consumer.Topology
 	outQ  string
 	twinQ string
@@ -611,8 +638,8 @@ type queueState struct {
 	Work, Retrying, DLQ, Output, Twin int
 }
 
-func newInspector(url string, topo consumer.Topology, outQ, twinQ string) *inspector {
-	in := &inspector{url: url, topo: topo, outQ: outQ, twinQ: twinQ}
+func newInspector(addrs amqpdial.Addrs, topo consumer.Topology, outQ, twinQ string) *inspector {
+	in := &inspector{addrs: addrs, topo: topo, outQ: outQ, twinQ: twinQ}
 	for _, d := range topo.Delays {
 		in.tiers = append(in.tiers, topo.TierName(d))
 	}
@@ -621,7 +648,8 @@ func newInspector(url string, topo consumer.Topology, outQ, twinQ string) *inspe
 
 func (in *inspector) channel() (*amqp.Channel, error) {
 	if in.conn == nil || in.conn.IsClosed() {
-		conn, err := amqp.DialConfig(in.url, amqp.Config{Properties: connName("idemq-chaos-inspector"), Dial: amqp.DefaultDial(5 * time.Second)})
+		d := amqpdial.Dialer{Addrs: in.addrs, Name: "idemq-chaos-inspector", Timeout: 5 * time.Second}
+		conn, err := d.Dial(context.Background())
 		if err != nil {
 			return nil, err
 		}

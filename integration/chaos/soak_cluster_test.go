@@ -1,0 +1,65 @@
+//go:build cluster
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSoakCluster is the soak on the production topology (make cluster):
+// the soak's plan and workers against a three-node RabbitMQ cluster and a
+// Postgres primary with a synchronous standby, while the node that leads
+// the work queue is stopped (stop_app, then its VM killed) and brought back
+// later, then another one, and the Postgres primary is stopped -m
+// immediate, the standby promoted and a new standby made from it. The
+// workers know every broker address and both Postgres servers; nothing may
+// be lost or doubled. IDEMQ_CHAOS_MESSAGES changes the size (default
+// 4,000), IDEMQ_CHAOS_SEED replays a run.
+func TestSoakCluster(t *testing.T) {
+	runSoak(t, soakOptions{
+		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 4000),
+		Workers:      3,
+		Concurrency:  4,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 25)),
+		FaultGap:     [2]time.Duration{8 * time.Second, 15 * time.Second},
+		EveryKind:    true,
+		Rounds:       2,
+		Kinds:        clusterFaultKinds,
+		Timeout:      14 * time.Minute,
+		StallTimeout: 3 * time.Minute,
+		LeaseMS:      5000,
+		Cluster:      true,
+	})
+}
+
+// TestClusterUp creates the cluster topology and leaves it running (make
+// cluster-up), to point idemq at by hand; TestClusterDown removes it.
+func TestClusterUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := newCluster()
+	if err := c.teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(c.upRabbit(ctx), c.upPostgres(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("IDEMQ_AMQP_URL=%s\nIDEMQ_POSTGRES_URL=%s\n", strings.Join(c.amqpURLs(), ","), c.pgURL())
+}
+
+// TestClusterDown removes what a cluster soak left (make cluster runs it
+// after the soak, whatever became of it): the three RabbitMQ nodes and
+// their data, the two Postgres clusters. A no-op when nothing is left.
+func TestClusterDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := newCluster().teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
