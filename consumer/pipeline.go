@@ -241,15 +241,9 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pg
 	for i, it := range items {
 		claims[i] = it.claim
 	}
-	// Alone, the reservation is a child of the delivery's process span; a
-	// group's belongs to no single trace and links to each delivery.
-	parent, name, opts := ctx, "idemq reserve batch", []trace.SpanStartOption{groupLinks(items)}
-	if len(items) == 1 {
-		parent, name, opts = items[0].ctx, "idemq reserve", nil
-	}
-	rctx, cancel := c.storeCtx(parent)
+	rctx, cancel := c.storeCtx(ctx)
 	defer cancel()
-	rctx, rspan := c.tracer.Start(rctx, name, opts...)
+	rctx, rspan := c.groupSpan(rctx, items, "idemq reserve batch", "idemq reserve")
 	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", held != nil))
 	t0 := time.Now()
 	res, err := c.reserve(rctx, held, claims)
@@ -437,6 +431,18 @@ func (c *Consumer) handling(ctx context.Context, items []*item) (done func()) {
 		c.inFlight.Add(-n)
 		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
 	}
+}
+
+// groupSpan starts a span of the group's work: alone, a child of the
+// delivery's process span named alone; a group's, which belongs to no
+// single trace, named group and linked to each delivery. The span keeps
+// ctx's deadline and cancellation.
+func (c *Consumer) groupSpan(ctx context.Context, items []*item, group, alone string) (context.Context, trace.Span) {
+	if len(items) == 1 {
+		_, span := c.tracer.Start(items[0].ctx, alone)
+		return trace.ContextWithSpan(ctx, span), span
+	}
+	return c.tracer.Start(ctx, group, groupLinks(items))
 }
 
 // groupLinks links a span of a whole group, which belongs to no single

@@ -58,13 +58,7 @@ func (s isolated) run(ctx context.Context, tx pgx.Tx, items []*item) ([]groupRes
 			return broken(out, i, err), nil
 		}
 	}
-	// Alone, the commit is a span "idemq complete" of the delivery's trace;
-	// a group's belongs to no single trace and links to each delivery.
-	parent, name, opts := ctx, "idemq commit group", []trace.SpanStartOption{groupLinks(items)}
-	if len(items) == 1 {
-		parent, name, opts = items[0].ctx, "idemq complete", nil
-	}
-	cctx, cspan := c.tracer.Start(parent, name, opts...)
+	cctx, cspan := c.groupSpan(ctx, items, "idemq commit group", "idemq complete")
 	defer cspan.End()
 	if err := c.writeOutbox(cctx, g); err != nil {
 		cspan.SetStatus(codes.Error, redact.Error(err))
