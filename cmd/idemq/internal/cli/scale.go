@@ -47,5 +47,6 @@ tuples and autovacuum runs. See docs/operations.md.`,
 	f.IntVar(&o.SchemaVersion, "schema-version", 0, "migrate the schema only this far (0: all the way), to measure an earlier design")
 	f.BoolVar(&o.GCVacuum, "vacuum", false, "GC vacuums each table after deleting (idemq gc --vacuum)")
 	f.BoolVar(&o.Keep, "keep", false, "keep the schema after the run")
+	f.BoolVar(&o.Reuse, "reuse", false, "go on with the day a run with --keep left in the schema, if it has as many keys, instead of loading again (with --keep)")
 	return cmd
 }

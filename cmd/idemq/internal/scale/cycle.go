@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -19,15 +20,24 @@ import (
 // Cycle is what one cycle measured.
 type Cycle struct {
 	N int
-	// Worker is the worker's view, per phase (without GC, with GC).
+	// Worker is the worker's view, per phase: quiet, GC deleting, GC
+	// vacuuming (by what GC did when an operation began).
 	Ops      [phases]int
 	Secs     [phases]float64
 	P50, P99 [phases]time.Duration
-	Errors   [phases]int
+	// OpsGC and P99GC are the worker's operations and p99 while GC ran,
+	// deleting or vacuuming.
+	OpsGC  int
+	P99GC  time.Duration
+	Errors [phases]int
+	// LockWait is the longest lock wait of a worker statement.
 	LockWait [phases]time.Duration
 	// LockKind is the locktype of the longest wait (pg_locks).
 	LockKind [phases]string
 	Missed   int
+	// Checkpoints counts the server's checkpoints during the cycle (timed
+	// and requested): they write in the background and can move a p99.
+	Checkpoints int64
 	// GC: keys and outbox rows deleted, and how long each took.
 	GCKeys, GCOutbox         int64
 	GCKeysTook, GCOutboxTook time.Duration
@@ -91,13 +101,19 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 	}
 	rec := &recorder{}
 	w := &worker{o: o, pool: p.worker, store: store, ob: ob, rec: rec}
+	w.retired.Store(int64(l.Retired))
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(wctx) })
 	wg.Go(func() { markPublished(wctx, p.admin, o) })
 	wg.Go(func() { sampleLockWaits(wctx, p.admin, rec) })
+	wg.Go(func() { followVacuum(wctx, p.admin, o.Schema, rec) })
 	defer func() { stop(); wg.Wait() }()
 
+	lastCkpt, err := checkpoints(ctx, p.admin)
+	if err != nil {
+		return nil, err
+	}
 	var res []Cycle
 	for n := 1; n <= o.Cycles; n++ {
 		start := time.Now()
@@ -109,15 +125,18 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		// GC, asked to retire as many of the oldest keys as the worker
 		// added: the horizon moves to the creation time of the key that
 		// many places into the day.
-		retireTo := min(int(w.inserted.Load()), o.Keys)
+		retireTo := min(l.Retired+int(w.inserted.Load()), o.Keys)
 		w.retired.Store(int64(retireTo))
+		if err := retired(ctx, p.admin, o.Schema, retireTo); err != nil {
+			return res, err
+		}
 		var now time.Time
 		if err := p.gc.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
 			return res, fmt.Errorf("scale: clock: %w", err)
 		}
 		retention := now.Sub(l.at(retireTo, o.Keys))
 		gcStart := time.Now()
-		rec.phase.Store(phaseGC)
+		rec.phase.Store(phaseDelete)
 		keys, err := gcStore.GCWith(ctx, dedup.GCOptions{Retention: retention, Pause: o.GCPause, Vacuum: o.GCVacuum})
 		c.GCKeysTook = time.Since(gcStart)
 		if err != nil {
@@ -142,14 +161,22 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		}
 		win := rec.take()
 		quiet := time.Since(start) - gcTook
-		c.Secs = [phases]float64{quiet.Seconds(), gcTook.Seconds()}
+		c.Secs = [phases]float64{quiet.Seconds(), (gcTook - c.Vacuumed).Seconds(), c.Vacuumed.Seconds()}
 		for ph := range phases {
 			c.Ops[ph] = len(win.lat[ph])
 			c.P50[ph], c.P99[ph] = quantile(win.lat[ph], 0.5), quantile(win.lat[ph], 0.99)
 			c.Errors[ph] = win.errs[ph]
 			c.LockWait[ph], c.LockKind[ph] = win.wait[ph], win.waitKind[ph]
 		}
+		gc := slices.Concat(win.lat[phaseDelete], win.lat[phaseVacuum])
+		slices.Sort(gc)
+		c.OpsGC, c.P99GC = len(gc), quantile(gc, 0.99)
 		c.Missed = win.missed
+		ckpt, err := checkpoints(ctx, p.admin)
+		if err != nil {
+			return res, err
+		}
+		c.Checkpoints, lastCkpt = ckpt-lastCkpt, ckpt
 		if c.Sizes, err = sizes(ctx, p.admin, o.Schema); err != nil {
 			return res, err
 		}
@@ -158,6 +185,15 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		fmt.Fprintf(o.Log, "cycle %d: %s\n", n, strings.ReplaceAll(c.line(), "\t", " "))
 	}
 	return res, nil
+}
+
+// checkpoints is the server's count of checkpoints so far.
+func checkpoints(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := pool.QueryRow(ctx, "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").Scan(&n); err != nil {
+		return 0, fmt.Errorf("scale: checkpoints: %w", err)
+	}
+	return n, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -190,33 +226,56 @@ func loadAverage() string {
 // printCycles prints the per-cycle table.
 func printCycles(out io.Writer, cs []Cycle) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tbehind\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
+	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tbehind\tckpt\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
 	for _, c := range cs {
 		fmt.Fprintln(tw, c.line())
 	}
 	_ = tw.Flush()
 }
 
-func (c Cycle) rate(ph int) float64 {
-	if c.Secs[ph] <= 0 {
+// rateQuiet and rateGC are the worker's operations a second without and with GC.
+func (c Cycle) rateQuiet() float64 {
+	return perSec(int64(c.Ops[phaseQuiet]), time.Duration(c.Secs[phaseQuiet]*float64(time.Second)))
+}
+
+func (c Cycle) rateGC() float64 {
+	return perSec(int64(c.OpsGC), time.Duration((c.Secs[phaseDelete]+c.Secs[phaseVacuum])*float64(time.Second)))
+}
+
+// DeltaP99 is how much GC raised the worker's p99, in percent of the quiet p99.
+func (c Cycle) DeltaP99() float64 {
+	if c.P99[phaseQuiet] <= 0 {
 		return 0
 	}
-	return float64(c.Ops[ph]) / c.Secs[ph]
+	return 100 * (float64(c.P99GC) - float64(c.P99[phaseQuiet])) / float64(c.P99[phaseQuiet])
 }
 
 func (c Cycle) line() string {
-	d := 0.0
-	if c.P99[phaseQuiet] > 0 {
-		d = 100 * (float64(c.P99[phaseGC]) - float64(c.P99[phaseQuiet])) / float64(c.P99[phaseQuiet])
-	}
 	k, ob := c.Sizes.Keys, c.Sizes.Outbox
-	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
-		c.N, c.rate(phaseQuiet), ms(c.P99[phaseQuiet]), c.rate(phaseGC), ms(c.P99[phaseGC]), d,
-		c.lockWait(phaseQuiet), c.lockWait(phaseGC),
+	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%d\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
+		c.N, c.rateQuiet(), ms(c.P99[phaseQuiet]), c.rateGC(), ms(c.P99GC), c.DeltaP99(),
+		msOrNone(c.P99[phaseDelete], c.Ops[phaseDelete]), msOrNone(c.P99[phaseVacuum], c.Ops[phaseVacuum]),
+		c.lockWait(phaseQuiet), c.lockWaitGC(),
 		c.GCKeys, perSec(c.GCKeys, c.GCKeysTook), c.GCOutbox, perSec(c.GCOutbox, c.GCOutboxTook),
-		c.Vacuumed.Round(100*time.Millisecond), c.Behind.Round(time.Second),
+		c.Vacuumed.Round(100*time.Millisecond), c.Behind.Round(time.Second), c.Checkpoints,
 		mb(k.Heap), mb(k.Indexes), k.Dead, k.Autovacuums, k.Vacuums, running(k.Vacuuming),
 		mb(ob.Heap), mb(ob.Indexes), ob.Dead, ob.Autovacuums, ob.Vacuums, running(ob.Vacuuming), c.Load1)
+}
+
+// msOrNone is d in milliseconds, or "-" where a phase had no operations.
+func msOrNone(d time.Duration, ops int) string {
+	if ops == 0 {
+		return "-"
+	}
+	return ms(d)
+}
+
+// lockWaitGC is the longest lock wait while GC ran, and its lock type.
+func (c Cycle) lockWaitGC() string {
+	if c.LockWait[phaseVacuum] > c.LockWait[phaseDelete] {
+		return c.lockWait(phaseVacuum)
+	}
+	return c.lockWait(phaseDelete)
 }
 
 // lockWait is the longest lock wait of a phase and its lock type.
@@ -250,8 +309,12 @@ func mb(b int64) string {
 }
 
 func printHeader(out io.Writer, o Options, r Result) {
-	fmt.Fprintf(out, "scale: %d keys and %d outbox rows over a simulated day (schema %s), loaded in %s\n",
-		r.Load.Keys, r.Load.Outbox, o.Schema, r.Load.Took.Round(time.Second))
+	how := "loaded in " + r.Load.Took.Round(time.Second).String()
+	if r.Load.Reused {
+		how = fmt.Sprintf("taken over from an earlier run (%d of its keys retired before)", r.Load.Retired)
+	}
+	fmt.Fprintf(out, "scale: %d keys and %d outbox rows over a simulated day (schema %s), %s\n",
+		r.Load.Keys, r.Load.Outbox, o.Schema, how)
 	fmt.Fprintf(out, "worker: %d ops/s on %d connections, %.0f%% duplicates; GC: batch %d, pause %s, vacuum %v, once a cycle of %s from its middle\n",
 		o.Rate, o.Concurrency, 100*o.Duplicates, o.GCBatch, o.GCPause, o.GCVacuum, o.Cycle)
 	fmt.Fprintln(out)
@@ -274,7 +337,9 @@ func printSummary(out io.Writer, r Result) {
 	var errs, missed int
 
 	for _, c := range r.Cycles {
-		errs += c.Errors[phaseQuiet] + c.Errors[phaseGC]
+		for _, e := range c.Errors {
+			errs += e
+		}
 		missed += c.Missed
 	}
 	fmt.Fprintf(out, "rows at the end: %d keys, %d outbox rows (loaded %d and %d)\n", r.EndKeys, r.EndOutbox, r.Load.Keys, r.Load.Outbox)

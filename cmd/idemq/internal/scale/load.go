@@ -31,6 +31,55 @@ type LoadResult struct {
 	// Took, KeysTook and OutboxTook are the wall times of the load (the two
 	// tables load side by side).
 	Took, KeysTook, OutboxTook time.Duration
+	// Retired is how many of the loaded keys earlier runs on the same day
+	// had GC retire (Options.Reuse): 0 after a load.
+	Retired int
+	// Reused reports that the day was not loaded but taken over (Options.Reuse).
+	Reused bool
+}
+
+// dayTable records the loaded day in the run's schema, so that a later run
+// with Options.Reuse can go on with it.
+const dayTable = "scale_day"
+
+// saveDay records l in the schema.
+func saveDay(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResult) error {
+	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.`+dayTable+` (base timestamptz NOT NULL, keys int NOT NULL, outbox int NOT NULL, retired int NOT NULL)`)
+	if err == nil {
+		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.`+dayTable+` VALUES ($1, $2, $3, 0)`, l.Base, l.Keys, l.Outbox)
+	}
+	if err != nil {
+		return fmt.Errorf("scale: record the day: %w", err)
+	}
+	return nil
+}
+
+// retired records that GC was asked to retire the first n keys of the day.
+func retired(ctx context.Context, pool *pgxpool.Pool, schema string, n int) error {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.`+dayTable+` SET retired = $1`, n); err != nil {
+		return fmt.Errorf("scale: record the day: %w", err)
+	}
+	return nil
+}
+
+// loadedDay is the day an earlier run left in schema, if it loaded as many
+// keys as o asks for.
+func loadedDay(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, o.Schema+"."+dayTable).Scan(&exists); err != nil {
+		return LoadResult{}, false, fmt.Errorf("scale: look for a loaded day: %w", err)
+	}
+	if !exists {
+		return LoadResult{}, false, nil
+	}
+	l := LoadResult{Reused: true}
+	if err := pool.QueryRow(ctx, `SELECT base, keys, outbox, retired FROM `+o.Schema+`.`+dayTable).Scan(&l.Base, &l.Keys, &l.Outbox, &l.Retired); err != nil {
+		return LoadResult{}, false, fmt.Errorf("scale: read the loaded day: %w", err)
+	}
+	if l.Keys != o.Keys || l.Outbox != o.Outbox {
+		return LoadResult{}, false, nil
+	}
+	return l, true, nil
 }
 
 // at is the creation time of the i-th of n rows of the day.

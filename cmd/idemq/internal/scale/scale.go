@@ -77,8 +77,13 @@ type Options struct {
 	// SchemaVersion migrates the schema only that far (0: all the way), to
 	// measure an earlier design.
 	SchemaVersion int
-	// Keep leaves the schema in place after the run, for inspection.
+	// Keep leaves the schema in place after the run, for inspection or for
+	// a later run with Reuse.
 	Keep bool
+	// Reuse runs the cycles on the day an earlier run with Keep left in the
+	// schema, when it holds as many keys and outbox rows, instead of loading
+	// one again; it goes on retiring from where that run stopped.
+	Reuse bool
 	// Log receives progress lines (default io.Discard).
 	Log io.Writer
 }
@@ -114,6 +119,9 @@ func (o Options) validate() error {
 	if o.Keys < 1000 || o.Outbox < 0 || o.Cycles < 1 || o.Cycle < 5*time.Second || o.Rate < 1 || o.Concurrency < 1 || o.GCBatch < 1 {
 		return errors.New("keys ≥ 1000, cycles ≥ 1, cycle ≥ 5s, rate, concurrency and batch ≥ 1")
 	}
+	if o.Reuse && !o.Keep {
+		return errors.New("reuse goes with keep: a reused day is kept for the next run")
+	}
 	if perCycle := float64(o.Rate) * o.Cycle.Seconds() * float64(o.Cycles); perCycle > float64(o.Keys)/2 {
 		return fmt.Errorf("the cycles add %.0f keys, more than half the day's %d: fewer cycles or a lower rate", perCycle, o.Keys)
 	}
@@ -142,8 +150,16 @@ func Run(ctx context.Context, o Options, out io.Writer) (Result, error) {
 		return res, err
 	}
 	defer pools.close()
-	if err := reset(ctx, pools.admin, o.Schema, o.SchemaVersion); err != nil {
-		return res, err
+	var reused bool
+	if o.Reuse {
+		if res.Load, reused, err = loadedDay(ctx, pools.admin, o); err != nil {
+			return res, err
+		}
+	}
+	if !reused {
+		if err := reset(ctx, pools.admin, o.Schema, o.SchemaVersion); err != nil {
+			return res, err
+		}
 	}
 	if !o.Keep {
 		defer func() {
@@ -152,11 +168,18 @@ func Run(ctx context.Context, o Options, out io.Writer) (Result, error) {
 			_, _ = pools.admin.Exec(dctx, "DROP SCHEMA IF EXISTS "+o.Schema+" CASCADE")
 		}()
 	}
-	fmt.Fprintf(o.Log, "loading %d keys and %d outbox rows into schema %s (COPY)\n", o.Keys, o.Outbox, o.Schema)
-	if res.Load, err = load(ctx, pools.admin, o); err != nil {
-		return res, err
+	if reused {
+		fmt.Fprintf(o.Log, "going on with the day in schema %s: %d keys, %d retired so far\n", o.Schema, res.Load.Keys, res.Load.Retired)
+	} else {
+		fmt.Fprintf(o.Log, "loading %d keys and %d outbox rows into schema %s (COPY)\n", o.Keys, o.Outbox, o.Schema)
+		if res.Load, err = load(ctx, pools.admin, o); err != nil {
+			return res, err
+		}
+		if err := saveDay(ctx, pools.admin, o.Schema, res.Load); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(o.Log, "loaded in %s (keys %s, outbox %s)\n", res.Load.Took.Round(time.Second), res.Load.KeysTook.Round(time.Second), res.Load.OutboxTook.Round(time.Second))
 	}
-	fmt.Fprintf(o.Log, "loaded in %s (keys %s, outbox %s)\n", res.Load.Took.Round(time.Second), res.Load.KeysTook.Round(time.Second), res.Load.OutboxTook.Round(time.Second))
 	if res.Start, err = sizes(ctx, pools.admin, o.Schema); err != nil {
 		return res, err
 	}

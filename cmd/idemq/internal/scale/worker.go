@@ -18,10 +18,12 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-// Phases a worker operation is counted in: by whether GC ran when it began.
+// Phases a worker operation is counted in: by what GC was doing when it
+// began. phaseVacuum is told from phaseDelete by followVacuum.
 const (
-	phaseQuiet = iota
-	phaseGC
+	phaseQuiet  = iota
+	phaseDelete // GC's DELETE batches and their pauses
+	phaseVacuum // GC's VACUUM of a table (GCOptions.Vacuum)
 	phases
 )
 
@@ -237,6 +239,26 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 			fn()
 		}
 	}
+}
+
+// followVacuum moves the recorder between phaseDelete and phaseVacuum while
+// GC runs: every interval it looks for a VACUUM of a table of schema in
+// pg_stat_progress_vacuum, until ctx ends.
+func followVacuum(ctx context.Context, pool *pgxpool.Pool, schema string, rec *recorder) {
+	const sql = `SELECT EXISTS (SELECT FROM pg_stat_progress_vacuum v
+    JOIN pg_class c ON c.oid = v.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = $1)`
+	every(ctx, 50*time.Millisecond, func() {
+		var on bool
+		if err := pool.QueryRow(ctx, sql, schema).Scan(&on); err != nil {
+			return
+		}
+		if on {
+			rec.phase.CompareAndSwap(phaseDelete, phaseVacuum)
+		} else {
+			rec.phase.CompareAndSwap(phaseVacuum, phaseDelete)
+		}
+	})
 }
 
 // sampleLockWaits polls pg_locks for the longest wait of a worker statement
