@@ -35,6 +35,9 @@ type Cycle struct {
 	// LockKind is the locktype of the longest wait (pg_locks).
 	LockKind [phases]string
 	Missed   int
+	// WAL is the WAL the server wrote while GC ran (the worker's share
+	// included), in bytes.
+	WAL int64
 	// Checkpoints counts the server's checkpoints during the cycle (timed
 	// and requested): they write in the background and can move a p99.
 	Checkpoints int64
@@ -135,6 +138,10 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			return res, fmt.Errorf("scale: clock: %w", err)
 		}
 		retention := now.Sub(l.at(retireTo, o.Keys))
+		walStart, err := walPosition(ctx, p.admin)
+		if err != nil {
+			return res, err
+		}
 		gcStart := time.Now()
 		rec.phase.Store(phaseDelete)
 		keys, err := gcStore.GCWith(ctx, dedup.GCOptions{Retention: retention, Pause: o.GCPause, Vacuum: o.GCVacuum})
@@ -155,6 +162,11 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			return res, err
 		}
 		gcTook := time.Since(gcStart)
+		walEnd, err := walPosition(ctx, p.admin)
+		if err != nil {
+			return res, err
+		}
+		c.WAL = walEnd - walStart
 		// The rest of the cycle: the worker alone again.
 		if err := sleep(ctx, time.Until(start.Add(o.Cycle))); err != nil {
 			return res, err
@@ -185,6 +197,15 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		fmt.Fprintf(o.Log, "cycle %d: %s\n", n, strings.ReplaceAll(c.line(), "\t", " "))
 	}
 	return res, nil
+}
+
+// walPosition is the server's current WAL position, in bytes.
+func walPosition(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").Scan(&n); err != nil {
+		return 0, fmt.Errorf("scale: WAL position: %w", err)
+	}
+	return n, nil
 }
 
 // checkpoints is the server's count of checkpoints so far.
@@ -226,7 +247,7 @@ func loadAverage() string {
 // printCycles prints the per-cycle table.
 func printCycles(out io.Writer, cs []Cycle) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tbehind\tckpt\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
+	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tGC WAL\tbehind\tckpt\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
 	for _, c := range cs {
 		fmt.Fprintln(tw, c.line())
 	}
@@ -252,12 +273,12 @@ func (c Cycle) DeltaP99() float64 {
 
 func (c Cycle) line() string {
 	k, ob := c.Sizes.Keys, c.Sizes.Outbox
-	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%d\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
+	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
 		c.N, c.rateQuiet(), ms(c.P99[phaseQuiet]), c.rateGC(), ms(c.P99GC), c.DeltaP99(),
 		msOrNone(c.P99[phaseDelete], c.Ops[phaseDelete]), msOrNone(c.P99[phaseVacuum], c.Ops[phaseVacuum]),
 		c.lockWait(phaseQuiet), c.lockWaitGC(),
 		c.GCKeys, perSec(c.GCKeys, c.GCKeysTook), c.GCOutbox, perSec(c.GCOutbox, c.GCOutboxTook),
-		c.Vacuumed.Round(100*time.Millisecond), c.Behind.Round(time.Second), c.Checkpoints,
+		c.Vacuumed.Round(100*time.Millisecond), mb(c.WAL), c.Behind.Round(time.Second), c.Checkpoints,
 		mb(k.Heap), mb(k.Indexes), k.Dead, k.Autovacuums, k.Vacuums, running(k.Vacuuming),
 		mb(ob.Heap), mb(ob.Indexes), ob.Dead, ob.Autovacuums, ob.Vacuums, running(ob.Vacuuming), c.Load1)
 }
