@@ -1,6 +1,10 @@
 package dedup
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/idemq/idemq/internal/sweep"
+)
 
 // statements holds the SQL of a store, with its schema filled in.
 type statements struct {
@@ -147,19 +151,11 @@ WHERE k.lease_token = c.token AND k.state = 'in_progress'
 		// Bounded batches, oldest first (the created_at index, in order, so
 		// that the deleted rows sit together and the time GC is behind
 		// shrinks as it works); SKIP LOCKED keeps GC out of the way of workers.
-		gcCompleted: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
-    SELECT consumer, tenant, key FROM ` + t + `
-    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
-      AND state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY created_at
-    LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		gcCompleted: sweep.DeleteSQL(t, `created_at < now() - $1::bigint * interval '1 microsecond'
+      AND state = 'completed' AND completed_at < now() - $1::bigint * interval '1 microsecond'`, "created_at"),
 
-		gcAbandoned: `DELETE FROM ` + t + ` WHERE (consumer, tenant, key) IN (
-    SELECT consumer, tenant, key FROM ` + t + `
-    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
-      AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY created_at
-    LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		gcAbandoned: sweep.DeleteSQL(t, `created_at < now() - $1::bigint * interval '1 microsecond'
+      AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'`, "created_at"),
 
 		// How far past the horizon the oldest key still due was created, in
 		// microseconds (0 when none is): the first due row of the created_at

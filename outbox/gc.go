@@ -78,11 +78,7 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions) (G
 	horizon := column + ` < now() - $1::bigint * interval '1 microsecond'`
 	// Oldest first through the column's index; SKIP LOCKED keeps GC out of
 	// the relays' way.
-	del := `DELETE FROM ` + o.table + ` WHERE id IN (
-    SELECT id FROM ` + o.table + `
-    WHERE ` + horizon + `
-    ORDER BY ` + column + `
-    LIMIT $2 FOR UPDATE SKIP LOCKED)`
+	del := sweep.DeleteSQL(o.table, horizon, column)
 	behind := `SELECT coalesce((
     SELECT (extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - ` + column + `) * 1e6)::bigint
     FROM ` + o.table + ` WHERE ` + horizon + `

@@ -27,13 +27,32 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// DeleteSQL is the statement of a Step: it deletes at most $2 rows of table
+// that match where (which may use $1, the retention in microseconds), first
+// in the order of orderBy (an index's, so that the scan stops after $2
+// rows), and skips rows that others hold locked.
+//
+// The rows it picked and locked are deleted where they lie (ctid, a Tid
+// Scan), not found again through the primary key: for the key table, whose
+// keys are random, that join read one random index page per row, into the
+// shared buffers the workers live in. A row's ctid cannot change while the
+// statement holds its lock; a version newer than the statement's snapshot
+// is left for the next run.
+func DeleteSQL(table, where, orderBy string) string {
+	return `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY (
+    SELECT ctid FROM ` + table + `
+    WHERE ` + where + `
+    ORDER BY ` + orderBy + `
+    LIMIT $2 FOR UPDATE SKIP LOCKED))`
+}
+
 // Step is one kind of row a run deletes.
 type Step struct {
 	// Kind names the rows in the metrics (attribute idemq.gc.kind):
 	// completed, abandoned, published, parked.
 	Kind string
 	// SQL deletes at most $2 rows due under a retention of $1 microseconds,
-	// oldest first.
+	// oldest first: a DeleteSQL statement.
 	SQL string
 }
 
