@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
@@ -65,6 +66,14 @@ type Table struct {
 	// Autovacuums and Vacuums count the table's autovacuum and VACUUM runs.
 	Autovacuums, Vacuums int64
 	Vacuuming            bool
+	// Index is the size of each of the table's indexes, by name.
+	Index []Index
+}
+
+// Index is one index's name and size.
+type Index struct {
+	Name string
+	Size int64
 }
 
 func sizes(ctx context.Context, pool *pgxpool.Pool, schema string) (Sizes, error) {
@@ -78,6 +87,15 @@ LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid
 WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.Heap, &t.Indexes, &t.Total, &t.Live, &t.Dead, &t.Autovacuums, &t.Vacuums, &t.Vacuuming)
 		if err != nil {
 			return s, fmt.Errorf("scale: sizes of %s: %w", name, err)
+		}
+		rows, err := pool.Query(ctx, `SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
+WHERE schemaname = $1 AND relname = $2 ORDER BY pg_relation_size(indexrelid) DESC, indexrelname`, schema, name)
+		if err != nil {
+			return s, fmt.Errorf("scale: index sizes of %s: %w", name, err)
+		}
+		t.Index, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Index])
+		if err != nil {
+			return s, fmt.Errorf("scale: index sizes of %s: %w", name, err)
 		}
 	}
 	return s, nil
@@ -342,9 +360,22 @@ func printHeader(out io.Writer, o Options, r Result) {
 }
 
 func (s Sizes) String() string {
-	return fmt.Sprintf("keys heap %s idx %s (%d live, %d dead); outbox heap %s idx %s (%d live, %d dead)",
+	return fmt.Sprintf("keys heap %s idx %s (%d live, %d dead); outbox heap %s idx %s (%d live, %d dead)\n       indexes %s",
 		mb(s.Keys.Heap), mb(s.Keys.Indexes), s.Keys.Live, s.Keys.Dead,
-		mb(s.Outbox.Heap), mb(s.Outbox.Indexes), s.Outbox.Live, s.Outbox.Dead)
+		mb(s.Outbox.Heap), mb(s.Outbox.Indexes), s.Outbox.Live, s.Outbox.Dead, indexSizes(s.Keys.Index, s.Outbox.Index))
+}
+
+// indexSizes lists the indexes that hold anything, with their sizes.
+func indexSizes(lists ...[]Index) string {
+	var parts []string
+	for _, l := range lists {
+		for _, ix := range l {
+			if ix.Size >= 1<<20 {
+				parts = append(parts, ix.Name+" "+mb(ix.Size))
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func printSummary(out io.Writer, r Result) {
