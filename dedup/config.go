@@ -8,17 +8,20 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/sweep"
 )
 
 // Defaults used where a Config leaves a field zero.
 const (
-	DefaultLease       = 30 * time.Second
-	DefaultRetention   = 24 * time.Hour
-	DefaultGCBatchSize = 1000
+	DefaultLease     = 30 * time.Second
+	DefaultRetention = 24 * time.Hour
+	// DefaultGCBatchSize is the most keys one GC statement deletes: small
+	// batches keep each commit's WAL flush short (docs/operations.md).
+	DefaultGCBatchSize = sweep.DefaultBatch
 	// DefaultGCPause is the pause `idemq gc` takes after each full batch
-	// (GCOptions.Pause): it keeps GC from raising the workers' p99 by more
-	// than a few percent while it works off a backlog (docs/operations.md).
-	DefaultGCPause = 250 * time.Millisecond
+	// (GCOptions.Pause): it keeps GC from raising the workers' p99 while it
+	// works off a backlog (docs/operations.md).
+	DefaultGCPause = sweep.DefaultPause
 	// MaxKeyLen is the longest key accepted, in bytes.
 	MaxKeyLen = 255
 	// maxReserveRounds bounds the reserve loop when the row vanishes (GC) or

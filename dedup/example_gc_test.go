@@ -15,7 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup/schema"
 )
 
-// A GC run paced like `idemq gc`: at most 1000 keys per statement, a pause
+// A GC run paced like `idemq gc`: at most 200 keys per statement, a pause
 // after each full batch, oldest first. Behind says how far past the
 // retention horizon the oldest key still due lies when the run ends: 0 while
 // GC keeps up.

@@ -9,8 +9,9 @@ import (
 	"github.com/idemq/idemq/internal/sweep"
 )
 
-// DefaultGCBatchSize bounds the rows one GC statement deletes.
-const DefaultGCBatchSize = 1000
+// DefaultGCBatchSize bounds the rows one GC statement deletes: the same as
+// the key table's (dedup.DefaultGCBatchSize).
+const DefaultGCBatchSize = sweep.DefaultBatch
 
 // GCOptions bound and pace one GC run.
 type GCOptions struct {

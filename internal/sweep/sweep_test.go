@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -65,5 +68,102 @@ func TestDeleteReachesRowsByTheirPlaceNotThroughTheKey(t *testing.T) {
 	}
 	if want := 20000 - 3600 - 1000; left < want-2 || left > want+2 {
 		t.Fatalf("%d rows older than an hour left, want about %d", left, want)
+	}
+}
+
+// recorder runs statements on a real connection and notes, for each DELETE,
+// the session's wal_compression at that moment.
+type recorder struct {
+	*pgx.Conn
+	deletesWith []string
+}
+
+func (r *recorder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if strings.HasPrefix(sql, "DELETE") {
+		var setting string
+		if err := r.Conn.QueryRow(ctx, "SHOW wal_compression").Scan(&setting); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		r.deletesWith = append(r.deletesWith, setting)
+	}
+	return r.Conn.Exec(ctx, sql, args...)
+}
+
+// A run compresses the WAL of its session where the role may set
+// wal_compression (a superuser here), puts the setting back after, and runs
+// uncompressed, without failing, where it may not.
+func TestRunCompressesItsWALWhereItMay(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testdb.Pool(t, 2)
+	schema := testdb.Schema(t, pool)
+	table := schema + ".rows"
+	role := "idemq_t_gc_" + testdb.RandomHex(4)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	for _, sql := range []string{
+		`CREATE SCHEMA ` + schema,
+		`CREATE TABLE ` + table + ` (k text PRIMARY KEY, created_at timestamptz NOT NULL)`,
+		`CREATE INDEX rows_created_at_idx ON ` + table + ` (created_at)`,
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
+		`GRANT SELECT, UPDATE, DELETE ON ` + table + ` TO ` + role,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	metrics, err := NewMetrics(nil, "test", schema, "rows")
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []Step{{Kind: "old", SQL: DeleteSQL(table, `created_at < now() - $1::bigint * interval '1 microsecond'`, "created_at")}}
+	behind := `SELECT 0::bigint WHERE $1::bigint IS NOT NULL`
+	for _, tc := range []struct {
+		user string
+		want string // wal_compression while deleting
+	}{
+		{user: "", want: "lz4"}, // the tests' own role, a superuser
+		{user: role, want: "off"},
+	} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` SELECT md5(random()::text), now() - interval '2 hours' FROM generate_series(1, 500)`); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := pgx.ParseConfig(testdb.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.user != "" {
+			cfg.User = tc.user
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var before string
+		if err := conn.QueryRow(ctx, "SHOW wal_compression").Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{Conn: conn}
+		res, err := Run(ctx, rec, metrics, steps, behind, Options{Retention: time.Hour, Batch: 200})
+		if err != nil {
+			t.Fatalf("as %q: %v", tc.user, err)
+		}
+		if res.Deleted[0] != 500 {
+			t.Fatalf("as %q: deleted %d, want 500", tc.user, res.Deleted[0])
+		}
+		for i, got := range rec.deletesWith {
+			if got != tc.want && !(tc.want == "lz4" && got == "pglz") {
+				t.Fatalf("as %q: delete %d ran with wal_compression %s, want %s", tc.user, i, got, tc.want)
+			}
+		}
+		var after string
+		if err := conn.QueryRow(ctx, "SHOW wal_compression").Scan(&after); err != nil || after != before {
+			t.Fatalf("as %q: wal_compression %q after the run, %q before (%v)", tc.user, after, before, err)
+		}
+		_ = conn.Close(ctx)
 	}
 }
