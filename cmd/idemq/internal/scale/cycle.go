@@ -39,9 +39,10 @@ type Cycle struct {
 	// WAL is the WAL the server wrote while GC ran (the worker's share
 	// included), in bytes.
 	WAL int64
-	// Checkpoints counts the server's checkpoints during the cycle (timed
-	// and requested): they write in the background and can move a p99.
-	Checkpoints int64
+	// Checkpoints counts the server's checkpoints that ended during the
+	// cycle (timed and requested), CheckpointsGC those that ended while GC
+	// ran: a checkpoint's last writes and fsyncs can move a p99 on their own.
+	Checkpoints, CheckpointsGC int64
 	// GC: keys and outbox rows deleted, and how long each took.
 	GCKeys, GCOutbox         int64
 	GCKeysTook, GCOutboxTook time.Duration
@@ -122,7 +123,8 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 	}
 	rec := &recorder{}
 	w := &worker{o: o, pool: p.worker, store: store, ob: ob, rec: rec}
-	w.retired.Store(int64(l.Retired))
+	w.retired.Store(int64(min(l.Retired, o.Keys)))
+	retiredSoFar, lastHorizon := l.Retired, l.Horizon
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(wctx) })
@@ -146,17 +148,26 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		// GC, asked to retire as many of the oldest keys as the worker
 		// added: the horizon moves to the creation time of the key that
 		// many places into the day.
-		retireTo := min(l.Retired+int(w.inserted.Load()), o.Keys)
-		w.retired.Store(int64(retireTo))
-		if err := retired(ctx, p.admin, o.Schema, retireTo); err != nil {
+		retireTo := l.Retired + int(w.inserted.Load())
+		to, err := horizon(ctx, p.admin, o.Schema, l, retiredSoFar, lastHorizon, retireTo)
+		if err != nil {
 			return res, err
 		}
+		w.retired.Store(int64(min(retireTo, o.Keys)))
+		if err := retired(ctx, p.admin, o.Schema, retireTo, to); err != nil {
+			return res, err
+		}
+		retiredSoFar, lastHorizon = retireTo, to
 		var now time.Time
 		if err := p.gc.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
 			return res, fmt.Errorf("scale: clock: %w", err)
 		}
-		retention := now.Sub(l.at(retireTo, o.Keys))
+		retention := now.Sub(to)
 		walStart, err := walPosition(ctx, p.admin)
+		if err != nil {
+			return res, err
+		}
+		ckptGC, err := checkpoints(ctx, p.admin)
 		if err != nil {
 			return res, err
 		}
@@ -185,6 +196,11 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			return res, err
 		}
 		c.WAL = walEnd - walStart
+		ckptEnd, err := checkpoints(ctx, p.admin)
+		if err != nil {
+			return res, err
+		}
+		c.CheckpointsGC = ckptEnd - ckptGC
 		// The rest of the cycle: the worker alone again.
 		if err := sleep(ctx, time.Until(start.Add(o.Cycle))); err != nil {
 			return res, err
@@ -265,7 +281,7 @@ func loadAverage() string {
 // printCycles prints the per-cycle table.
 func printCycles(out io.Writer, cs []Cycle) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tGC WAL\tbehind\tckpt\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
+	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tGC WAL\tbehind\tckpt/GC\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
 	for _, c := range cs {
 		fmt.Fprintln(tw, c.line())
 	}
@@ -291,12 +307,12 @@ func (c Cycle) DeltaP99() float64 {
 
 func (c Cycle) line() string {
 	k, ob := c.Sizes.Keys, c.Sizes.Outbox
-	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
+	return fmt.Sprintf("%d\t%.0f\t%s\t%.0f\t%s\t%+.0f%%\t%s\t%s\t%s\t%s\t%d\t%.0f\t%d\t%.0f\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%d\t%d/%d%s\t%s\t%s\t%d\t%d/%d%s\t%s\t",
 		c.N, c.rateQuiet(), ms(c.P99[phaseQuiet]), c.rateGC(), ms(c.P99GC), c.DeltaP99(),
 		msOrNone(c.P99[phaseDelete], c.Ops[phaseDelete]), msOrNone(c.P99[phaseVacuum], c.Ops[phaseVacuum]),
 		c.lockWait(phaseQuiet), c.lockWaitGC(),
 		c.GCKeys, perSec(c.GCKeys, c.GCKeysTook), c.GCOutbox, perSec(c.GCOutbox, c.GCOutboxTook),
-		c.Vacuumed.Round(100*time.Millisecond), mb(c.WAL), c.Behind.Round(time.Second), c.Checkpoints,
+		c.Vacuumed.Round(100*time.Millisecond), mb(c.WAL), c.Behind.Round(time.Second), c.Checkpoints, c.CheckpointsGC,
 		mb(k.Heap), mb(k.Indexes), k.Dead, k.Autovacuums, k.Vacuums, running(k.Vacuuming),
 		mb(ob.Heap), mb(ob.Indexes), ob.Dead, ob.Autovacuums, ob.Vacuums, running(ob.Vacuuming), c.Load1)
 }

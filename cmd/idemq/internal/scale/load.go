@@ -31,9 +31,11 @@ type LoadResult struct {
 	// Took, KeysTook and OutboxTook are the wall times of the load (the two
 	// tables load side by side).
 	Took, KeysTook, OutboxTook time.Duration
-	// Retired is how many of the loaded keys earlier runs on the same day
-	// had GC retire (Options.Reuse): 0 after a load.
+	// Retired is how many keys earlier runs on the same day had GC retire
+	// (Options.Reuse): 0 after a load. Past Keys, GC has gone on into the
+	// keys the workers added; Horizon is then where it stopped.
 	Retired int
+	Horizon time.Time
 	// Reused reports that the day was not loaded but taken over (Options.Reuse).
 	Reused bool
 }
@@ -44,9 +46,9 @@ const dayTable = "scale_day"
 
 // saveDay records l in the schema.
 func saveDay(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResult) error {
-	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.`+dayTable+` (base timestamptz NOT NULL, keys int NOT NULL, outbox int NOT NULL, retired int NOT NULL)`)
+	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.`+dayTable+` (base timestamptz NOT NULL, keys int NOT NULL, outbox int NOT NULL, retired int NOT NULL, horizon timestamptz NOT NULL)`)
 	if err == nil {
-		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.`+dayTable+` VALUES ($1, $2, $3, 0)`, l.Base, l.Keys, l.Outbox)
+		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.`+dayTable+` VALUES ($1, $2, $3, 0, $4)`, l.Base, l.Keys, l.Outbox, l.at(0, l.Keys))
 	}
 	if err != nil {
 		return fmt.Errorf("scale: record the day: %w", err)
@@ -54,9 +56,10 @@ func saveDay(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResul
 	return nil
 }
 
-// retired records that GC was asked to retire the first n keys of the day.
-func retired(ctx context.Context, pool *pgxpool.Pool, schema string, n int) error {
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.`+dayTable+` SET retired = $1`, n); err != nil {
+// retired records that GC was asked to retire the first n keys, those
+// created before horizon.
+func retired(ctx context.Context, pool *pgxpool.Pool, schema string, n int, horizon time.Time) error {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.`+dayTable+` SET retired = $1, horizon = $2`, n, horizon); err != nil {
 		return fmt.Errorf("scale: record the day: %w", err)
 	}
 	return nil
@@ -73,7 +76,7 @@ func loadedDay(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, 
 		return LoadResult{}, false, nil
 	}
 	l := LoadResult{Reused: true}
-	if err := pool.QueryRow(ctx, `SELECT base, keys, outbox, retired FROM `+o.Schema+`.`+dayTable).Scan(&l.Base, &l.Keys, &l.Outbox, &l.Retired); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT base, keys, outbox, retired, horizon FROM `+o.Schema+`.`+dayTable).Scan(&l.Base, &l.Keys, &l.Outbox, &l.Retired, &l.Horizon); err != nil {
 		return LoadResult{}, false, fmt.Errorf("scale: read the loaded day: %w", err)
 	}
 	if l.Keys != o.Keys || l.Outbox != o.Outbox {
@@ -85,6 +88,28 @@ func loadedDay(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, 
 // at is the creation time of the i-th of n rows of the day.
 func (l LoadResult) at(i, n int) time.Time {
 	return l.Base.Add(-day + time.Duration(float64(day)*float64(i)/float64(n)))
+}
+
+// horizon is the creation time before which GC retires so that pos keys
+// are retired in all, from where it stopped (prevPos keys, before prev): in
+// the day, the pos-th loaded key's; past the day's end, the one that many
+// places into the completed keys created since (the workers'), so that a
+// run may turn the whole table over.
+func horizon(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResult, prevPos int, prev time.Time, pos int) (time.Time, error) {
+	if pos <= l.Keys {
+		return l.at(pos, l.Keys), nil
+	}
+	from, skip := l.Base, pos-l.Keys
+	if prevPos > l.Keys {
+		from, skip = prev, pos-prevPos
+	}
+	var at time.Time
+	err := pool.QueryRow(ctx, `SELECT coalesce((SELECT created_at FROM `+schema+`.keys
+WHERE created_at >= $1 AND state = 'completed' ORDER BY created_at OFFSET $2 LIMIT 1), now())`, from, skip).Scan(&at)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("scale: horizon past the day: %w", err)
+	}
+	return at, nil
 }
 
 // scopeOf is the i-th loaded key's scope: deterministic, so that the worker

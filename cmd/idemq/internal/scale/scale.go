@@ -122,9 +122,6 @@ func (o Options) validate() error {
 	if o.Reuse && !o.Keep {
 		return errors.New("reuse goes with keep: a reused day is kept for the next run")
 	}
-	if perCycle := float64(o.Rate) * o.Cycle.Seconds() * float64(o.Cycles); perCycle > float64(o.Keys)/2 {
-		return fmt.Errorf("the cycles add %.0f keys, more than half the day's %d: fewer cycles or a lower rate", perCycle, o.Keys)
-	}
 	return nil
 }
 

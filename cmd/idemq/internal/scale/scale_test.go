@@ -109,3 +109,34 @@ func TestRunGoesOnWithAKeptDay(t *testing.T) {
 		t.Fatalf("the table does not say the day was taken over:\n%s", out.String())
 	}
 }
+
+// GC goes on past the loaded day into the keys the worker added, so that a
+// run can turn the whole table over (and show where its indexes settle).
+func TestRunTurnsTheTableOver(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("idemq_scale_test_%08x", rand.Uint32())
+	var out bytes.Buffer
+	res, err := Run(ctx, Options{
+		PostgresURL: testdb.URL(), Schema: name, Keys: 1000, Cycles: 3, Cycle: 5 * time.Second,
+		Rate: 200, Concurrency: 2, GCBatch: 100,
+	}, &out)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	var gc int64
+	for _, c := range res.Cycles {
+		gc += c.GCKeys
+		if c.Errors != [phases]int{} || c.Behind != 0 {
+			t.Fatalf("cycle %d: errors %v, behind %s", c.N, c.Errors, c.Behind)
+		}
+	}
+	if gc <= int64(res.Load.Keys) {
+		t.Fatalf("GC retired %d keys in all, want more than the %d of the day:\n%s", gc, res.Load.Keys, out.String())
+	}
+	// What is left is about one day's worth: the table kept its row count.
+	if res.EndKeys < int64(res.Load.Keys)/2 || res.EndKeys > 2*int64(res.Load.Keys) {
+		t.Fatalf("%d keys at the end of a run over a day of %d", res.EndKeys, res.Load.Keys)
+	}
+}

@@ -163,9 +163,10 @@ func (w *worker) run(ctx context.Context) {
 
 // op runs one operation and reports whether it was a duplicate.
 func (w *worker) op(ctx context.Context) (bool, error) {
-	if mrand.Float64() < w.o.Duplicates {
-		lo := int(w.retired.Load())
-		lo += (w.o.Keys - lo) / 100 // keep clear of the keys GC is retiring
+	lo := int(w.retired.Load())
+	lo += (w.o.Keys - lo) / 100 // keep clear of the keys GC is retiring
+	// Duplicates repeat loaded keys, while GC has left some.
+	if lo < w.o.Keys && mrand.Float64() < w.o.Duplicates {
 		sc := scopeOf(lo + mrand.IntN(w.o.Keys-lo))
 		res, err := w.store.Reserve(ctx, dedup.Claim{Scope: sc, Fingerprint: fingerprintOf(sc.Key)})
 		if err != nil {
