@@ -76,7 +76,7 @@ bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--ful
 # at SCALE_RATE operations/s while GC retires as many (docs/operations.md).
 # Develop with e.g. make scale SCALE_KEYS=200000 SCALE_CYCLE=20s.
 SCALE_KEYS ?= 10000000
-SCALE_CYCLES ?= 6
+SCALE_CYCLES ?= 10
 SCALE_CYCLE ?= 1m
 SCALE_RATE ?= 400
 # GC vacuums each table after deleting: the CI Postgres runs with autovacuum

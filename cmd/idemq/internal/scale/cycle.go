@@ -124,7 +124,6 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 	rec := &recorder{}
 	w := &worker{o: o, pool: p.worker, store: store, ob: ob, rec: rec}
 	w.retired.Store(int64(min(l.Retired, o.Keys)))
-	retiredSoFar, lastHorizon := l.Retired, l.Horizon
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(wctx) })
@@ -147,22 +146,16 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		}
 		// GC, asked to retire as many of the oldest keys as the worker
 		// added: the horizon moves to the creation time of the key that
-		// many places into the day.
+		// many places into the day (past it, see retention).
 		retireTo := l.Retired + int(w.inserted.Load())
-		to, err := horizon(ctx, p.admin, o.Schema, l, retiredSoFar, lastHorizon, retireTo)
+		retention, err := retentionFor(ctx, p.gc, o.Schema, &l, retireTo)
 		if err != nil {
 			return res, err
 		}
 		w.retired.Store(int64(min(retireTo, o.Keys)))
-		if err := retired(ctx, p.admin, o.Schema, retireTo, to); err != nil {
+		if err := retired(ctx, p.admin, o.Schema, retireTo, l.Retention); err != nil {
 			return res, err
 		}
-		retiredSoFar, lastHorizon = retireTo, to
-		var now time.Time
-		if err := p.gc.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
-			return res, fmt.Errorf("scale: clock: %w", err)
-		}
-		retention := now.Sub(to)
 		walStart, err := walPosition(ctx, p.admin)
 		if err != nil {
 			return res, err

@@ -33,9 +33,9 @@ type LoadResult struct {
 	Took, KeysTook, OutboxTook time.Duration
 	// Retired is how many keys earlier runs on the same day had GC retire
 	// (Options.Reuse): 0 after a load. Past Keys, GC has gone on into the
-	// keys the workers added; Horizon is then where it stopped.
-	Retired int
-	Horizon time.Time
+	// keys the workers added, with the fixed Retention found then.
+	Retired   int
+	Retention time.Duration
 	// Reused reports that the day was not loaded but taken over (Options.Reuse).
 	Reused bool
 }
@@ -46,9 +46,9 @@ const dayTable = "scale_day"
 
 // saveDay records l in the schema.
 func saveDay(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResult) error {
-	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.`+dayTable+` (base timestamptz NOT NULL, keys int NOT NULL, outbox int NOT NULL, retired int NOT NULL, horizon timestamptz NOT NULL)`)
+	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.`+dayTable+` (base timestamptz NOT NULL, keys int NOT NULL, outbox int NOT NULL, retired int NOT NULL, retention_us bigint NOT NULL)`)
 	if err == nil {
-		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.`+dayTable+` VALUES ($1, $2, $3, 0, $4)`, l.Base, l.Keys, l.Outbox, l.at(0, l.Keys))
+		_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.`+dayTable+` VALUES ($1, $2, $3, 0, 0)`, l.Base, l.Keys, l.Outbox)
 	}
 	if err != nil {
 		return fmt.Errorf("scale: record the day: %w", err)
@@ -56,10 +56,10 @@ func saveDay(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResul
 	return nil
 }
 
-// retired records that GC was asked to retire the first n keys, those
-// created before horizon.
-func retired(ctx context.Context, pool *pgxpool.Pool, schema string, n int, horizon time.Time) error {
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.`+dayTable+` SET retired = $1, horizon = $2`, n, horizon); err != nil {
+// retired records that GC was asked to retire the first n keys, and the
+// fixed retention past the day's end (0 before).
+func retired(ctx context.Context, pool *pgxpool.Pool, schema string, n int, retention time.Duration) error {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.`+dayTable+` SET retired = $1, retention_us = $2`, n, retention.Microseconds()); err != nil {
 		return fmt.Errorf("scale: record the day: %w", err)
 	}
 	return nil
@@ -76,9 +76,11 @@ func loadedDay(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, 
 		return LoadResult{}, false, nil
 	}
 	l := LoadResult{Reused: true}
-	if err := pool.QueryRow(ctx, `SELECT base, keys, outbox, retired, horizon FROM `+o.Schema+`.`+dayTable).Scan(&l.Base, &l.Keys, &l.Outbox, &l.Retired, &l.Horizon); err != nil {
+	var us int64
+	if err := pool.QueryRow(ctx, `SELECT base, keys, outbox, retired, retention_us FROM `+o.Schema+`.`+dayTable).Scan(&l.Base, &l.Keys, &l.Outbox, &l.Retired, &us); err != nil {
 		return LoadResult{}, false, fmt.Errorf("scale: read the loaded day: %w", err)
 	}
+	l.Retention = time.Duration(us) * time.Microsecond
 	if l.Keys != o.Keys || l.Outbox != o.Outbox {
 		return LoadResult{}, false, nil
 	}
@@ -90,26 +92,32 @@ func (l LoadResult) at(i, n int) time.Time {
 	return l.Base.Add(-day + time.Duration(float64(day)*float64(i)/float64(n)))
 }
 
-// horizon is the creation time before which GC retires so that pos keys
-// are retired in all, from where it stopped (prevPos keys, before prev): in
-// the day, the pos-th loaded key's; past the day's end, the one that many
-// places into the completed keys created since (the workers'), so that a
-// run may turn the whole table over.
-func horizon(ctx context.Context, pool *pgxpool.Pool, schema string, l LoadResult, prevPos int, prev time.Time, pos int) (time.Time, error) {
-	if pos <= l.Keys {
-		return l.at(pos, l.Keys), nil
+// retentionFor is the retention GC runs with so that pos keys are retired in
+// all. In the day, GC retires to the pos-th loaded key, whose creation time
+// the compressed day gives. Past the day's end GC goes on into the keys the
+// workers added, in real time: the retention is then fixed, the span in which
+// they added as many keys as the day held (found when GC first goes past it,
+// kept in l), so that the table keeps the day's row count as a retention in
+// service does. So a run may turn the whole table over.
+func retentionFor(ctx context.Context, pool *pgxpool.Pool, schema string, l *LoadResult, pos int) (time.Duration, error) {
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return 0, fmt.Errorf("scale: clock: %w", err)
 	}
-	from, skip := l.Base, pos-l.Keys
-	if prevPos > l.Keys {
-		from, skip = prev, pos-prevPos
+	if l.Retention > 0 {
+		return l.Retention, nil
+	}
+	if pos <= l.Keys {
+		return now.Sub(l.at(pos, l.Keys)), nil
 	}
 	var at time.Time
 	err := pool.QueryRow(ctx, `SELECT coalesce((SELECT created_at FROM `+schema+`.keys
-WHERE created_at >= $1 AND state = 'completed' ORDER BY created_at OFFSET $2 LIMIT 1), now())`, from, skip).Scan(&at)
+WHERE created_at >= $1 AND state = 'completed' ORDER BY created_at OFFSET $2 LIMIT 1), now())`, l.Base, pos-l.Keys).Scan(&at)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("scale: horizon past the day: %w", err)
+		return 0, fmt.Errorf("scale: retention past the day: %w", err)
 	}
-	return at, nil
+	l.Retention = now.Sub(at)
+	return l.Retention, nil
 }
 
 // scopeOf is the i-th loaded key's scope: deterministic, so that the worker

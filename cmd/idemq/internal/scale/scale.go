@@ -13,6 +13,9 @@
 // horizon forward by the stretch of the simulated day that holds as many
 // keys, so that it retires exactly what the worker added. The table keeps
 // its size in rows; whether it keeps its size on disk is what the run shows.
+// A run that adds more keys than the day held goes on past the day's end
+// with a fixed retention (the span in which the worker added a day's worth),
+// turning the table over, to show where its indexes settle.
 //
 // The worker runs the protocol's own statements (dedup.Store.Reserve, then
 // outbox.Enqueue and dedup.Store.Complete in one transaction); a share of its
