@@ -30,7 +30,10 @@ one run. Key GC runs in one instance per schema at a time (a second one reports
 it skipped). Parked outbox rows are never deleted here. With --vacuum, each
 table is vacuumed after its rows are deleted (throttled like autovacuum; needs
 the tables' owner), so that their space is reused at once: use it where
-autovacuum is off or falls behind.
+autovacuum is off or falls behind. GC compresses the WAL its own session
+writes (wal_compression) where its role may set the parameter (a superuser, or
+GRANT SET ON PARAMETER wal_compression on Postgres 15): the workers' commits
+wait behind that WAL less (docs/operations.md).
 
 Each table's line ends with how far its oldest row still due lies past the
 horizon ("behind"): 0 when GC kept up. The same figures are exported as
@@ -40,7 +43,7 @@ docs/observability.md).
 The retention bounds how long a duplicate is recognised: keep it longer than
 the longest redelivery of any queue feeding the key store.`,
 		Example: `  idemq gc
-  idemq gc --retention 72h --batch 5000
+  idemq gc --retention 72h
   idemq gc --vacuum --max-batches 500`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
