@@ -53,6 +53,8 @@ type Cycle struct {
 	Behind time.Duration
 	Sizes  Sizes
 	Load1  string
+	// lat are the worker's latencies per phase, sorted, for Overall.
+	lat [phases][]time.Duration
 }
 
 // Sizes are the storage figures of both tables.
@@ -207,6 +209,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			c.Errors[ph] = win.errs[ph]
 			c.LockWait[ph], c.LockKind[ph] = win.wait[ph], win.waitKind[ph]
 		}
+		c.lat = win.lat
 		gc := slices.Concat(win.lat[phaseDelete], win.lat[phaseVacuum])
 		slices.Sort(gc)
 		c.OpsGC, c.P99GC = len(gc), quantile(gc, 0.99)
@@ -387,10 +390,57 @@ func indexSizes(lists ...[]Index) string {
 	return strings.Join(parts, ", ")
 }
 
+// Overall is the worker's p99 over all the cycles of a run, per phase and
+// while GC ran at all: more samples than one cycle's, so that a single stall
+// (a checkpoint's, say) weighs less.
+type Overall struct {
+	Ops          [phases]int
+	P99          [phases]time.Duration
+	OpsGC        int
+	P99GC        time.Duration
+	DeltaP99     float64
+	WorstCycleN  int
+	WorstDelta   float64
+	CyclesOver20 int
+}
+
+// Overall merges the cycles' latencies.
+func (r Result) Overall() Overall {
+	var o Overall
+	var lat [phases][]time.Duration
+	for i, c := range r.Cycles {
+		for ph := range phases {
+			lat[ph] = append(lat[ph], c.lat[ph]...)
+		}
+		if d := c.DeltaP99(); i == 0 || d > o.WorstDelta {
+			o.WorstCycleN, o.WorstDelta = c.N, d
+		}
+		if c.DeltaP99() > 20 {
+			o.CyclesOver20++
+		}
+	}
+	for ph := range phases {
+		slices.Sort(lat[ph])
+		o.Ops[ph], o.P99[ph] = len(lat[ph]), quantile(lat[ph], 0.99)
+	}
+	gc := slices.Concat(lat[phaseDelete], lat[phaseVacuum])
+	slices.Sort(gc)
+	o.OpsGC, o.P99GC = len(gc), quantile(gc, 0.99)
+	if o.P99[phaseQuiet] > 0 {
+		o.DeltaP99 = 100 * (float64(o.P99GC) - float64(o.P99[phaseQuiet])) / float64(o.P99[phaseQuiet])
+	}
+	return o
+}
+
 func printSummary(out io.Writer, r Result) {
 	if len(r.Cycles) == 0 {
 		return
 	}
+	all := r.Overall()
+	fmt.Fprintf(out, "\nall cycles: worker p99 %s without GC (%d ops), %s while GC ran (%d ops: %s deleting, %s vacuuming): %+.0f%%; cycles over +20%%: %d of %d (worst: cycle %d, %+.0f%%)\n",
+		ms(all.P99[phaseQuiet]), all.Ops[phaseQuiet], ms(all.P99GC), all.OpsGC,
+		msOrNone(all.P99[phaseDelete], all.Ops[phaseDelete]), msOrNone(all.P99[phaseVacuum], all.Ops[phaseVacuum]),
+		all.DeltaP99, all.CyclesOver20, len(r.Cycles), all.WorstCycleN, all.WorstDelta)
 	last := r.Cycles[len(r.Cycles)-1]
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "start: %s\n", r.Start)

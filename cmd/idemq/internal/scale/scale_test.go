@@ -41,8 +41,12 @@ func TestRunSmall(t *testing.T) {
 	if res.Load.Keys != 2000 || res.Start.Keys.Heap == 0 || c.Sizes.Keys.Heap == 0 {
 		t.Fatalf("load %+v, sizes %+v", res.Load, c.Sizes)
 	}
-	if !strings.Contains(out.String(), "cycle") || !strings.Contains(out.String(), "end:") {
+	if !strings.Contains(out.String(), "cycle") || !strings.Contains(out.String(), "end:") || !strings.Contains(out.String(), "all cycles:") {
 		t.Fatalf("no table:\n%s", out.String())
+	}
+	// The run's p99 is over every cycle's operations.
+	if all := res.Overall(); all.Ops[phaseQuiet] != c.Ops[phaseQuiet] || all.OpsGC != c.OpsGC || all.P99[phaseQuiet] != c.P99[phaseQuiet] {
+		t.Fatalf("overall %+v does not add up the one cycle %+v", all, c)
 	}
 	pool := testdb.Pool(t, 1)
 	var left bool
