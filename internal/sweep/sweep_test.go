@@ -8,36 +8,53 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/internal/testdb"
 )
 
+// olderThanRetention is the horizon of the test table's rows.
+const olderThanRetention = `created_at < now() - $1::bigint * interval '1 microsecond'`
+
+// rowsTable creates a schema of the test's own with a table of random keys
+// and a created_at index, as the key table has.
+func rowsTable(ctx context.Context, t *testing.T, pool *pgxpool.Pool) (schema, table string) {
+	t.Helper()
+	schema = testdb.Schema(t, pool)
+	table = schema + ".rows"
+	execAll(ctx, t, pool,
+		`CREATE SCHEMA `+schema,
+		`CREATE TABLE `+table+` (k text PRIMARY KEY, created_at timestamptz NOT NULL)`,
+		`CREATE INDEX rows_created_at_idx ON `+table+` (created_at)`)
+	return schema, table
+}
+
+func execAll(ctx context.Context, t *testing.T, pool *pgxpool.Pool, sqls ...string) {
+	t.Helper()
+	for _, sql := range sqls {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+}
+
 // GC's DELETE reaches the rows it picked by their place in the heap. Joined
 // back through the primary key, a batch of 1,000 rows of a table with random
 // keys (idemq's key table) reads about as many random index pages: at 10 M
-// keys that was 18 ms a batch, 1,800 pages read into shared buffers out of
-// the workers' way, and the workers' p99 rose by 14-61 % while GC deleted
-// (docs/operations.md, "Retention at scale"). The plan must read the picked
-// rows with a Tid Scan and never touch the primary key's index.
+// keys that was 18 ms a batch and 1,800 pages read into the shared buffers
+// the workers use; by ctid, 1 ms and none (docs/operations.md, "Retention at
+// scale"). The plan must read the picked rows with a Tid Scan and never
+// touch the primary key's index.
 func TestDeleteReachesRowsByTheirPlaceNotThroughTheKey(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := testdb.Pool(t, 2)
-	schema := testdb.Schema(t, pool)
-	table := schema + ".rows"
-	for _, sql := range []string{
-		`CREATE SCHEMA ` + schema,
-		`CREATE TABLE ` + table + ` (k text PRIMARY KEY, created_at timestamptz NOT NULL)`,
-		`CREATE INDEX rows_created_at_idx ON ` + table + ` (created_at)`,
-		`INSERT INTO ` + table + ` SELECT md5(i::text), now() - i * interval '1 second' FROM generate_series(1, 20000) AS i`,
-		`ANALYZE ` + table,
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	del := DeleteSQL(table, `created_at < now() - $1::bigint * interval '1 microsecond'`, "created_at")
+	_, table := rowsTable(ctx, t, pool)
+	execAll(ctx, t, pool,
+		`INSERT INTO `+table+` SELECT md5(i::text), now() - i * interval '1 second' FROM generate_series(1, 20000) AS i`,
+		`ANALYZE `+table)
+	del := DeleteSQL(table, olderThanRetention, "created_at")
 	rows, err := pool.Query(ctx, "EXPLAIN (COSTS OFF) "+del, time.Hour.Microseconds(), 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -97,30 +114,21 @@ func TestRunCompressesItsWALWhereItMay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := testdb.Pool(t, 2)
-	schema := testdb.Schema(t, pool)
-	table := schema + ".rows"
+	schema, table := rowsTable(ctx, t, pool)
 	role := "idemq_t_gc_" + testdb.RandomHex(4)
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
 		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
 	})
-	for _, sql := range []string{
-		`CREATE SCHEMA ` + schema,
-		`CREATE TABLE ` + table + ` (k text PRIMARY KEY, created_at timestamptz NOT NULL)`,
-		`CREATE INDEX rows_created_at_idx ON ` + table + ` (created_at)`,
-		`CREATE ROLE ` + role + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
-		`GRANT SELECT, UPDATE, DELETE ON ` + table + ` TO ` + role,
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	execAll(ctx, t, pool,
+		`CREATE ROLE `+role+` LOGIN`,
+		`GRANT USAGE ON SCHEMA `+schema+` TO `+role,
+		`GRANT SELECT, UPDATE, DELETE ON `+table+` TO `+role)
 	metrics, err := NewMetrics(nil, "test", schema, "rows")
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := []Step{{Kind: "old", SQL: DeleteSQL(table, `created_at < now() - $1::bigint * interval '1 microsecond'`, "created_at")}}
+	steps := []Step{{Kind: "old", SQL: DeleteSQL(table, olderThanRetention, "created_at")}}
 	behind := `SELECT 0::bigint WHERE $1::bigint IS NOT NULL`
 	for _, tc := range []struct {
 		user string
