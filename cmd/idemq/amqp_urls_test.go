@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/internal/testamqp"
 )
@@ -33,15 +31,7 @@ func TestSeveralBrokerAddresses(t *testing.T) {
 
 	conn := testamqp.Dial(t)
 	ch := testamqp.Channel(t, conn)
-	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(out, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(out, "", x, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	sinkBehind(t, ch, x, out)
 
 	// The environment, comma-separated, dead address last.
 	environ := env(schema, "IDEMQ_AMQP_URL="+testamqp.URL()+","+deadMQ)
