@@ -32,6 +32,7 @@ func (a *app) forwardCommand() *cobra.Command {
 		concurrency     int
 		groupSize       int
 		groupLinger     time.Duration
+		relayBatch      int
 		lease           time.Duration
 		shutdownTimeout time.Duration
 		drainTimeout    time.Duration
@@ -88,6 +89,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				return usagef("--concurrency %d must be at least 1", concurrency)
 			case groupSize < 1 || groupLinger < 0:
 				return usagef("--group-size %d must be at least 1 and --group-linger %s not negative", groupSize, groupLinger)
+			case relayBatch < 1 || relayBatch > 10000:
+				return usagef("--relay-batch-size %d: want 1 to 10000", relayBatch)
 			case lease != 0 && lease < time.Second:
 				return usagef("--lease %s must be at least 1s", lease)
 			case toExchange == "" && (toRoutingKey == "" || toRoutingKey == t.queue):
@@ -142,7 +145,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				Consumer:     ccfg,
 				Exchange:     toExchange,
 				RoutingKey:   toRoutingKey,
-				Relay:        outbox.RelayConfig{ConnectionName: "idemq-forward-" + name + "-relay"},
+				Relay:        outbox.RelayConfig{ConnectionName: "idemq-forward-" + name + "-relay", BatchSize: relayBatch},
 				DrainTimeout: drainTimeout,
 			})
 			if err != nil {
@@ -158,7 +161,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.StringVar(&toExchange, "to-exchange", "", "exchange the messages are forwarded to; \"\" is the default exchange (required)")
 	f.StringVar(&toRoutingKey, "to-routing-key", "", "routing key of the forwarded messages (default: the one each message was first published with)")
 	f.IntVar(&concurrency, "concurrency", consumer.DefaultConcurrency, "messages handled at once")
-	f.IntVar(&groupSize, "group-size", consumer.DefaultGroupSize, "group commit: handle up to this many waiting messages in one transaction (one savepoint each); 1 for one transaction per message")
+	f.IntVar(&groupSize, "group-size", forward.DefaultGroupSize, "group commit: handle up to this many waiting messages in one transaction (their outbox rows in one COPY); 1 for one transaction per message")
+	f.IntVar(&relayBatch, "relay-batch-size", forward.DefaultRelayBatchSize, "the most outbox rows the relay publishes and confirms together")
 	f.DurationVar(&groupLinger, "group-linger", 0, "how long a worker waits for a group to fill (0: take only what is waiting)")
 	f.DurationVar(&lease, "lease", dedup.DefaultLease, "lease of a claimed key: a crashed forwarder's keys are taken over after it")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", consumer.DefaultShutdownTimeout, "how long the messages in hand may take to finish after a signal")
