@@ -132,8 +132,11 @@ func TestRunTurnsTheTableOver(t *testing.T) {
 	var gc int64
 	for _, c := range res.Cycles {
 		gc += c.GCKeys
-		if c.Errors != [phases]int{} || c.Behind != 0 {
-			t.Fatalf("cycle %d: errors %v, behind %s", c.N, c.Errors, c.Behind)
+		// Keys keep coming due while GC runs: the ones due between its last
+		// batch and its measure of the lag read as behind by that moment,
+		// never by more than the run took. More means GC fell behind.
+		if c.Errors != [phases]int{} || c.Behind > c.GCKeysTook {
+			t.Fatalf("cycle %d: errors %v, behind %s after a GC run of %s", c.N, c.Errors, c.Behind, c.GCKeysTook)
 		}
 	}
 	if gc <= int64(res.Load.Keys) {
