@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq/consumer/consumertest"
 	"github.com/idemq/idemq/internal/testamqp"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // deadMQ is a broker address nothing listens on: a node that is down.
@@ -31,7 +32,7 @@ func TestSeveralBrokerAddresses(t *testing.T) {
 
 	conn := testamqp.Dial(t)
 	ch := testamqp.Channel(t, conn)
-	sinkBehind(t, ch, x, out)
+	testamqp.Sink(t, ch, x, amqp.ExchangeFanout, out, "")
 
 	// The environment, comma-separated, dead address last.
 	environ := env(schema, "IDEMQ_AMQP_URL="+testamqp.URL()+","+deadMQ)

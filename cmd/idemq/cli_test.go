@@ -331,7 +331,7 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 
 	conn := testamqp.Dial(t)
 	ch := testamqp.Channel(t, conn)
-	sinkBehind(t, ch, x, out)
+	testamqp.Sink(t, ch, x, amqp.ExchangeFanout, out, "")
 
 	// Traces go to an OTLP endpoint that is down: spans get real trace ids
 	// (recorded with the keys) and their export fails without harm.
@@ -686,20 +686,5 @@ func TestBench(t *testing.T) {
 	svg, err := os.ReadFile(plot)
 	if err != nil || !strings.HasPrefix(string(svg), "<svg") {
 		t.Fatalf("plot %s: %v %.40q", plot, err, svg)
-	}
-}
-
-// sinkBehind declares a durable fanout exchange x and a queue out bound to
-// it, where a test reads what idemq forwarded.
-func sinkBehind(t *testing.T, ch *amqp.Channel, x, out string) {
-	t.Helper()
-	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(out, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(out, "", x, false, nil); err != nil {
-		t.Fatal(err)
 	}
 }

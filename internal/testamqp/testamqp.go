@@ -106,6 +106,22 @@ func Publish(tb testing.TB, ch *amqp.Channel, exchange, key string, msg amqp.Pub
 	}
 }
 
+// Sink declares a durable exchange of the kind given and a durable queue
+// bound to it with key, where a test reads what was published to the
+// exchange.
+func Sink(tb testing.TB, ch *amqp.Channel, exchange, kind, queue, key string) {
+	tb.Helper()
+	if err := ch.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
+		tb.Fatalf("testamqp: declare exchange: %v", err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		tb.Fatalf("testamqp: declare queue: %v", err)
+	}
+	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
+		tb.Fatalf("testamqp: bind queue: %v", err)
+	}
+}
+
 // EveryHeaderType returns headers of every type amqp091-go writes, with
 // what JSON cannot carry: strings holding NUL bytes, a name and a value that
 // are not UTF-8, nested tables and arrays. A test compares what went through

@@ -68,15 +68,7 @@ func runStage(t *testing.T, mod func(*consumer.Config)) *stageEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(sink, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(sink, "#", exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	testamqp.Sink(t, ch, exchange, amqp.ExchangeTopic, sink, "#")
 	received, err := ch.Consume(sink, "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatal(err)

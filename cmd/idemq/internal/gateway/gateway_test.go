@@ -40,15 +40,7 @@ func start(t *testing.T, cfg gateway.Config) *env {
 	sink := exchange + ".sink"
 	testamqp.DeleteQueuesAtCleanup(t, []string{sink}, []string{exchange})
 	ch := testamqp.Channel(t, testamqp.Dial(t))
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(sink, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(sink, "#", exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	testamqp.Sink(t, ch, exchange, amqp.ExchangeTopic, sink, "#")
 	cfg.Consumer = "gateway"
 	cfg.Exchange = exchange
 	cfg.AMQPURL = testamqp.URL()
