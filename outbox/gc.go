@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/internal/sweep"
@@ -25,9 +27,11 @@ type GCOptions struct {
 	// MaxBatches ends the run after that many statements, rows left due or
 	// not. 0: no bound.
 	MaxBatches int
-	// Vacuum runs VACUUM on the outbox table after a run that deleted rows,
-	// throttled as autovacuum is, so that their space is reused at once. It
-	// needs the table's owner (the role that migrated the schema).
+	// Vacuum runs VACUUM on the outbox's tables after a run that deleted
+	// rows (the record of published messages, and the outbox table, where
+	// the relays' moves leave dead rows too), throttled as autovacuum is, so
+	// that their space is reused at once. It needs the tables' owner (the
+	// role that migrated the schema).
 	Vacuum bool
 }
 
@@ -58,18 +62,21 @@ func (o *Outbox) GC(ctx context.Context, retention time.Duration, batch int) (in
 // (rows deleted, batches, time behind the horizon, run time) on the
 // outbox's MeterProvider, with idemq.gc.table = outbox.
 func (o *Outbox) GCWith(ctx context.Context, opts GCOptions) (GCResult, error) {
-	return o.gc(ctx, "published", "published_at", opts)
+	// The record of published messages (migration 009), then the rows
+	// published in place before it, which the outbox table still holds.
+	return o.gc(ctx, "published", "published_at", opts, o.published, o.table)
 }
 
 // GCParked deletes parked rows parked longer ago than retention, in batches
 // like GC. It drops messages that were never published: run it only on
 // purpose.
 func (o *Outbox) GCParked(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	r, err := o.gc(ctx, "parked", "parked_at", GCOptions{Retention: retention, Batch: batch})
+	r, err := o.gc(ctx, "parked", "parked_at", GCOptions{Retention: retention, Batch: batch}, o.table)
 	return r.Deleted, err
 }
 
-func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions) (GCResult, error) {
+// gc deletes the rows of kind due by column from each table in turn.
+func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions, tables ...string) (GCResult, error) {
 	opts.Batch = cmp.Or(opts.Batch, DefaultGCBatchSize)
 	if opts.Retention < 0 || opts.Batch < 1 {
 		return GCResult{}, fmt.Errorf("outbox: gc: retention %s and batch %d must not be negative", opts.Retention, opts.Batch)
@@ -78,12 +85,15 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions) (G
 	retention := max(opts.Retention, time.Microsecond)
 	horizon := column + ` < now() - $1::bigint * interval '1 microsecond'`
 	// Oldest first through the column's index; SKIP LOCKED keeps GC out of
-	// the relays' way.
-	del := sweep.DeleteSQL(o.table, horizon, column)
-	behind := `SELECT coalesce((
-    SELECT (extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - ` + column + `) * 1e6)::bigint
-    FROM ` + o.table + ` WHERE ` + horizon + `
-    ORDER BY ` + column + ` LIMIT 1), 0)`
+	// the relays' way. Behind is the oldest due row of any table.
+	steps := make([]sweep.Step, len(tables))
+	oldest := make([]string, len(tables))
+	for i, t := range tables {
+		steps[i] = sweep.Step{Kind: kind, SQL: sweep.DeleteSQL(t, horizon, column)}
+		oldest[i] = `(SELECT min(` + column + `) FROM ` + t + ` WHERE ` + horizon + `)`
+	}
+	behind := `SELECT coalesce((extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - least(` +
+		strings.Join(oldest, ", ") + `)) * 1e6)::bigint, 0)`
 	// One connection for the run: VACUUM's throttle is a session setting.
 	conn, err := o.pool.Acquire(ctx)
 	if err != nil {
@@ -92,14 +102,29 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions) (G
 	defer conn.Release()
 	sw := sweep.Options{Retention: retention, Batch: opts.Batch, Pause: opts.Pause, MaxBatches: opts.MaxBatches}
 	if opts.Vacuum {
-		sw.Vacuum = o.table
+		// The relays' moves leave dead rows in the outbox table too.
+		sw.Vacuum = strings.Join(uniq(append(tables, o.table)), ", ")
 	}
-	r, err := sweep.Run(ctx, conn, o.gcMetrics, []sweep.Step{{Kind: kind, SQL: del}}, behind, sw)
-	res := GCResult{Deleted: r.Deleted[0], Batches: r.Batches, Behind: r.Behind, Vacuumed: r.Vacuumed}
+	r, err := sweep.Run(ctx, conn, o.gcMetrics, steps, behind, sw)
+	res := GCResult{Batches: r.Batches, Behind: r.Behind, Vacuumed: r.Vacuumed}
+	for _, n := range r.Deleted {
+		res.Deleted += n
+	}
 	if err != nil {
 		return res, fmt.Errorf("outbox: gc: %w", err)
 	}
 	return res, nil
+}
+
+// uniq returns names without repeats, in their first order.
+func uniq(names []string) []string {
+	out := names[:0:0]
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // Unpark makes parked rows pending again, with their return count reset,

@@ -30,9 +30,15 @@ func TestGCWithBoundedRunReportsBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 60 rows published one a minute, from 2 hours to 1 hour ago, and a pending one.
+	// 60 messages published one a minute, from 2 hours to 1 hour ago; a
+	// pending row; and 5 rows marked in place (as before migration 009, or by
+	// an older relay) an hour and a half ago.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+name+`.outbox_published (id, message_id, exchange, routing_key, created_at, published_at, attempts, returns)
+SELECT j, 'm' || j, 'x', 'k', now() - interval '3 hours', now() - interval '2 hours' + j * interval '1 minute', 1, 0 FROM generate_series(0, 59) AS j`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+name+`.outbox (exchange, routing_key, body, message_id, published_at)
-SELECT 'x', 'k', ''::bytea, 'm' || j, now() - interval '2 hours' + j * interval '1 minute' FROM generate_series(0, 59) AS j
+SELECT 'x', 'k', ''::bytea, 'legacy' || j, now() - interval '90 minutes' FROM generate_series(1, 5) AS j
 UNION ALL SELECT 'x', 'k', ''::bytea, 'pending', NULL`); err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +78,11 @@ UNION ALL SELECT 'x', 'k', ''::bytea, 'pending', NULL`); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Deleted != 40 || res.Behind != 0 || res.Vacuumed <= 0 {
-		t.Fatalf("gc to the end = %+v, want the 40 rows left due, nothing behind, a vacuum", res)
+	if res.Deleted != 45 || res.Behind != 0 || res.Vacuumed <= 0 {
+		t.Fatalf("gc to the end = %+v, want the 40 records and 5 rows left due, nothing behind, a vacuum", res)
 	}
-	var left int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+name+".outbox").Scan(&left); err != nil || left != 1 {
-		t.Fatalf("rows left %d, %v; want the pending one", left, err)
+	var left, records int
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+name+".outbox), (SELECT count(*) FROM "+name+".outbox_published)").Scan(&left, &records); err != nil || left != 1 || records != 0 {
+		t.Fatalf("rows left %d, records %d, %v; want the pending row only", left, records, err)
 	}
 }

@@ -88,10 +88,12 @@ func (c Config) validate() error {
 // (Unpark), and is what a Relay publishes from (NewRelay). It is safe for
 // concurrent use.
 type Outbox struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	table  string
-	insert string
+	pool  *pgxpool.Pool
+	cfg   Config
+	table string
+	// published is the record of published messages (migration 009).
+	published string
+	insert    string
 
 	gcMetrics *sweep.Metrics
 }
@@ -115,6 +117,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 		pool:      pool,
 		cfg:       c,
 		table:     table,
+		published: pgx.Identifier{c.Schema, "outbox_published"}.Sanitize(),
 		gcMetrics: m,
 		insert: `INSERT INTO ` + table + ` (` + columnList + `)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,

@@ -238,8 +238,11 @@ func TestGC(t *testing.T) {
 	if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".outbox (exchange, routing_key, body, message_id, published_at) VALUES ('x', 'k', '', 'm1', now() - interval '2 hours'), ('x', 'k', '', 'm2', NULL)"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".outbox_published (id, message_id, exchange, routing_key, created_at, published_at, attempts, returns) VALUES (3, 'm3', 'x', 'k', now() - interval '3 hours', now() - interval '2 hours', 1, 0)"); err != nil {
+		t.Fatal(err)
+	}
 	r := mustRun(t, env(schema), "gc", "--retention", "1h", "--batch", "1")
-	if !strings.Contains(r.stdout, "keys: deleted 2 completed, 0 abandoned") || !strings.Contains(r.stdout, "outbox: deleted 1 published") {
+	if !strings.Contains(r.stdout, "keys: deleted 2 completed, 0 abandoned") || !strings.Contains(r.stdout, "outbox: deleted 2 published") {
 		t.Fatalf("gc: %s", r)
 	}
 	var left int

@@ -199,7 +199,8 @@ FROM `+sch+`.keys WHERE consumer = $1`, consumerName)
 	}
 	outboxIDs := map[string]bool{}
 	outboxRows := map[[2]string]*outboxRow{}
-	rows, err = s.pool.Query(ctx, `SELECT message_id, routing_key, published_at IS NOT NULL, parked_at IS NOT NULL, returns FROM `+sch+`.outbox`)
+	rows, err = s.pool.Query(ctx, `SELECT message_id, routing_key, true, false, returns FROM `+sch+`.outbox_published
+UNION ALL SELECT message_id, routing_key, published_at IS NOT NULL, parked_at IS NOT NULL, returns FROM `+sch+`.outbox`)
 	if err != nil {
 		fail("read outbox: %v", err)
 		return r

@@ -468,7 +468,7 @@ func (s *soak) progress(ctx context.Context) (progressSignals, bool) {
 	sch := pgx.Identifier{s.schema}.Sanitize()
 	var completed, relayed, settled int64
 	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+sch+`.keys WHERE state = 'completed'),
-       (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL),
+       (SELECT count(*) FROM `+sch+`.outbox_published) + (SELECT count(*) FROM `+sch+`.outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL),
        (SELECT coalesce(sum(n), 0) FROM `+sch+`.stats WHERE outcome IN ('processed', 'rejected', 'duplicate') OR outcome LIKE 'dead_lettered%')`,
 	).Scan(&completed, &relayed, &settled)
 	if err != nil {

@@ -83,8 +83,8 @@ type Options struct {
 	// MaxBatches ends the run after that many statements, due rows left or
 	// not. 0: no bound.
 	MaxBatches int
-	// Vacuum, when set, is the (quoted) table a run that deleted rows
-	// vacuums after its deletes, throttled as autovacuum is by default
+	// Vacuum, when set, is the (quoted) table, or the comma-separated
+	// tables, a run that deleted rows vacuums after its deletes, throttled as autovacuum is by default
 	// (vacuum_cost_delay 2ms), so that the space of the deleted rows is
 	// reused at once. It needs the table's owner; the Querier must then be
 	// one connection, not a pool (the throttle is a session setting).

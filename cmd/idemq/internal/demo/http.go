@@ -219,7 +219,7 @@ func (r *runner) runHTTP(ctx context.Context) (*HTTPReport, error) {
     (SELECT count(*) FROM `+s+`.charges WHERE key LIKE $1),
     (SELECT count(DISTINCT key) FROM `+s+`.charges WHERE key LIKE $1),
     (SELECT count(*) FROM (SELECT key FROM `+s+`.charges WHERE key LIKE $1 GROUP BY key HAVING count(*) > 1) d),
-    (SELECT count(*) FROM `+s+`.outbox WHERE message_id LIKE $1 AND published_at IS NOT NULL)`, httpKeyPrefix+"%").
+    (SELECT count(*) FROM `+s+`.outbox_published WHERE message_id LIKE $1)`, httpKeyPrefix+"%").
 		Scan(&rep.Charges, &rep.ChargedKeys, &rep.DoubledKeys, &rep.Published)
 	if err != nil {
 		return nil, fmt.Errorf("demo: HTTP report: %w", err)

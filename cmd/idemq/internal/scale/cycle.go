@@ -81,7 +81,8 @@ type Index struct {
 
 func sizes(ctx context.Context, pool *pgxpool.Pool, schema string) (Sizes, error) {
 	var s Sizes
-	for name, t := range map[string]*Table{"keys": &s.Keys, "outbox": &s.Outbox} {
+	// The outbox's retention works on the record of published messages.
+	for name, t := range map[string]*Table{"keys": &s.Keys, "outbox_published": &s.Outbox} {
 		err := pool.QueryRow(ctx, `SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
     coalesce(st.n_live_tup, 0), coalesce(st.n_dead_tup, 0), coalesce(st.autovacuum_count, 0), coalesce(st.vacuum_count, 0),
     EXISTS (SELECT FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid)
@@ -277,7 +278,7 @@ func loadAverage() string {
 // printCycles prints the per-cycle table.
 func printCycles(out io.Writer, cs []Cycle) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tGC WAL\tbehind\tckpt/GC\tkeys heap\tidx\tdead\tav/vac\toutbox heap\tidx\tdead\tav/vac\tload\t")
+	fmt.Fprintln(tw, "cycle\tops/s\tp99\tops/s GC\tp99 GC\tΔp99\tp99 del\tp99 vac\tlock wait\tlock wait GC\tGC keys\tkeys/s\tGC outbox\trows/s\tvacuum\tGC WAL\tbehind\tckpt/GC\tkeys heap\tidx\tdead\tav/vac\tpublished heap\tidx\tdead\tav/vac\tload\t")
 	for _, c := range cs {
 		fmt.Fprintln(tw, c.line())
 	}
@@ -364,7 +365,7 @@ func printHeader(out io.Writer, o Options, r Result) {
 	if r.Load.Reused {
 		how = fmt.Sprintf("taken over from an earlier run (%d of its keys retired before)", r.Load.Retired)
 	}
-	fmt.Fprintf(out, "scale: %d keys and %d outbox rows over a simulated day (schema %s), %s\n",
+	fmt.Fprintf(out, "scale: %d keys and %d published outbox messages over a simulated day (schema %s), %s\n",
 		r.Load.Keys, r.Load.Outbox, o.Schema, how)
 	fmt.Fprintf(out, "worker: %d ops/s on %d connections, %.0f%% duplicates; GC: batch %d, pause %s, vacuum %v, once a cycle of %s from its middle\n",
 		o.Rate, o.Concurrency, 100*o.Duplicates, o.GCBatch, o.GCPause, o.GCVacuum, o.Cycle)
@@ -372,7 +373,7 @@ func printHeader(out io.Writer, o Options, r Result) {
 }
 
 func (s Sizes) String() string {
-	return fmt.Sprintf("keys heap %s idx %s (%d live, %d dead); outbox heap %s idx %s (%d live, %d dead)\n       indexes %s",
+	return fmt.Sprintf("keys heap %s idx %s (%d live, %d dead); published heap %s idx %s (%d live, %d dead)\n       indexes %s",
 		mb(s.Keys.Heap), mb(s.Keys.Indexes), s.Keys.Live, s.Keys.Dead,
 		mb(s.Outbox.Heap), mb(s.Outbox.Indexes), s.Outbox.Live, s.Outbox.Dead, indexSizes(s.Keys.Index, s.Outbox.Index))
 }
@@ -453,6 +454,6 @@ func printSummary(out io.Writer, r Result) {
 		}
 		missed += c.Missed
 	}
-	fmt.Fprintf(out, "rows at the end: %d keys, %d outbox rows (loaded %d and %d)\n", r.EndKeys, r.EndOutbox, r.Load.Keys, r.Load.Outbox)
+	fmt.Fprintf(out, "rows at the end: %d keys, %d published outbox messages (loaded %d and %d)\n", r.EndKeys, r.EndOutbox, r.Load.Keys, r.Load.Outbox)
 	fmt.Fprintf(out, "worker errors %d, operations missed by the pacer %d\n", errs, missed)
 }

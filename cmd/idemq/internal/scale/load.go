@@ -175,7 +175,7 @@ func load(ctx context.Context, pool *pgxpool.Pool, o Options) (LoadResult, error
 	}
 	// Statistics for the planner and a clean start for the counters: the
 	// run begins with a vacuumed table, as a table in service would.
-	for _, t := range []string{"keys", "outbox"} {
+	for _, t := range []string{"keys", "outbox", "outbox_published"} {
 		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+o.Schema+"."+t); err != nil {
 			return res, fmt.Errorf("scale: load: vacuum %s: %w", t, err)
 		}
@@ -222,19 +222,19 @@ func copyKeys(ctx context.Context, pool *pgxpool.Pool, o Options, l LoadResult) 
 	return nil
 }
 
+// copyOutbox loads the record of published outbox messages (the table
+// outbox retention empties: migration 009).
 func copyOutbox(ctx context.Context, pool *pgxpool.Pool, o Options, l LoadResult) error {
-	cols := []string{"exchange", "routing_key", "body", "content_type", "message_id", "traceparent",
-		"created_at", "available_at", "attempts", "published_at"}
+	cols := []string{"id", "message_id", "exchange", "routing_key", "created_at", "published_at", "attempts", "returns"}
 	i := 0
-	n, err := pool.CopyFrom(ctx, pgx.Identifier{o.Schema, "outbox"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
+	n, err := pool.CopyFrom(ctx, pgx.Identifier{o.Schema, "outbox_published"}, cols, pgx.CopyFromFunc(func() ([]any, error) {
 		if i == o.Outbox {
 			return nil, nil
 		}
 		created := l.at(i, o.Outbox)
 		id := scopeOf(i).Key
 		i++
-		return []any{"ledger", "payment.settled", body, "application/json", id, traceparent,
-			created, created, 1, created.Add(80 * time.Millisecond)}, nil
+		return []any{int64(i), id, "ledger", "payment.settled", created, created.Add(80 * time.Millisecond), 1, 0}, nil
 	}))
 	if err != nil {
 		return fmt.Errorf("scale: load outbox: %w", err)

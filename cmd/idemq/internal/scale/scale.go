@@ -186,7 +186,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (Result, error) {
 	fmt.Fprintf(o.Log, "start: %s\n", res.Start)
 	res.Cycles, err = cycles(ctx, pools, o, res.Load)
 	if err == nil {
-		err = pools.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+o.Schema+".keys), (SELECT count(*) FROM "+o.Schema+".outbox)").Scan(&res.EndKeys, &res.EndOutbox)
+		err = pools.admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+o.Schema+".keys), (SELECT count(*) FROM "+o.Schema+".outbox_published)").Scan(&res.EndKeys, &res.EndOutbox)
 	}
 	printHeader(out, o, res)
 	printCycles(out, res.Cycles)

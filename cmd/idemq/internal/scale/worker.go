@@ -210,14 +210,18 @@ func (w *worker) op(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// markPublished stands in for the relay: every interval it marks the pending
-// outbox rows published with the relay's own statement shape, so that GC
-// has published rows to retire. The broker is not part of this measurement.
+// markPublished stands in for the relay: every interval it moves the pending
+// outbox rows into the record of published messages with the relay's own
+// statement shape, so that GC has published rows to retire. The broker is not part of this measurement.
 func markPublished(ctx context.Context, pool *pgxpool.Pool, o Options) {
-	sql := `UPDATE ` + o.Schema + `.outbox SET published_at = now(), attempts = attempts + 1
-WHERE id IN (SELECT id FROM ` + o.Schema + `.outbox
-    WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
-    ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)`
+	sql := `WITH moved AS (
+    DELETE FROM ` + o.Schema + `.outbox WHERE id IN (SELECT id FROM ` + o.Schema + `.outbox
+        WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
+        ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+    RETURNING id, message_id, exchange, routing_key, created_at, attempts + 1 AS attempts, returns
+)
+INSERT INTO ` + o.Schema + `.outbox_published (id, message_id, exchange, routing_key, created_at, attempts, returns)
+SELECT id, message_id, exchange, routing_key, created_at, attempts, returns FROM moved`
 	every(ctx, 100*time.Millisecond, func() {
 		for {
 			tag, err := pool.Exec(ctx, sql)
