@@ -300,9 +300,16 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) (rows []*row, c
 	return out, claimed, cut, nil
 }
 
-// publishAll publishes the rows in id order, mandatory and with confirms.
-func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) ([]*published, error) {
-	pubs := make([]*published, 0, len(rows))
+// publishAll publishes the rows in id order, mandatory and with confirms,
+// and sends them to the broker together (session.hold).
+func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) (pubs []*published, err error) {
+	s.hold()
+	defer func() {
+		if rerr := s.release(); err == nil {
+			err = rerr
+		}
+	}()
+	pubs = make([]*published, 0, len(rows))
 	for _, w := range rows {
 		p := &published{row: w}
 		pubs = append(pubs, p)

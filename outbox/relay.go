@@ -22,6 +22,7 @@ import (
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/cork"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/relaykit"
@@ -36,7 +37,7 @@ const instrumentationName = "github.com/idemq/idemq/outbox"
 type Relay struct {
 	ob     *Outbox
 	pool   *pgxpool.Pool
-	dial   DialFunc
+	dial   func(context.Context) (*amqp.Connection, *cork.Conn, error)
 	cfg    RelayConfig
 	sql    relayStatements
 	log    *slog.Logger
@@ -73,8 +74,15 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("outbox: new relay: %w", err)
 	}
-	dial := c.Dial
-	if dial == nil {
+	// A connection the relay dials itself sends each batch in one write
+	// (internal/cork); one from cfg.Dial writes every publish as it comes.
+	var dial func(context.Context) (*amqp.Connection, *cork.Conn, error)
+	if c.Dial != nil {
+		dial = func(ctx context.Context) (*amqp.Connection, *cork.Conn, error) {
+			conn, err := c.Dial(ctx)
+			return conn, nil, err
+		}
+	} else {
 		if amqpURL == "" {
 			return nil, errors.New("outbox: new relay: no broker URL and no Dial function")
 		}
@@ -83,7 +91,7 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 			return nil, fmt.Errorf("outbox: new relay: %w", err)
 		}
 		d := &amqpdial.Dialer{Addrs: addrs, Name: c.ConnectionName, Timeout: DefaultDialTimeout}
-		dial = d.Dial
+		dial = d.DialHeld
 	}
 	schema := ob.cfg.Schema
 	r := &Relay{
@@ -355,6 +363,9 @@ func (e *brokerError) Unwrap() error { return e.err }
 // session is one broker connection with its publishing channel.
 type session struct {
 	conn *amqp.Connection
+	// held carries conn's bytes when the relay dialed it (nil for
+	// RelayConfig.Dial): see hold.
+	held *cork.Conn
 	ch   *amqp.Channel
 	pub  *confirm.Publisher
 	dead chan struct{}
@@ -368,7 +379,7 @@ type session struct {
 }
 
 func (r *Relay) connect(ctx context.Context) (*session, error) {
-	conn, err := r.dial(ctx)
+	conn, held, err := r.dial(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
@@ -383,6 +394,7 @@ func (r *Relay) connect(ctx context.Context) (*session, error) {
 	}
 	s := &session{
 		conn:      conn,
+		held:      held,
 		ch:        ch,
 		pub:       pub,
 		dead:      make(chan struct{}),
@@ -422,6 +434,27 @@ func (s *session) alive() bool {
 	}
 }
 
+// hold keeps the session's writes back, to be sent together by release:
+// a batch's publishes go out in one write instead of one each. Nothing that
+// waits for the broker's answer may run between the two.
+func (s *session) hold() {
+	if s.held != nil {
+		s.held.Hold()
+	}
+}
+
+// release sends what hold kept back. Its error is the connection's: the
+// cork closed it, and the batch's confirms will not come.
+func (s *session) release() error {
+	if s.held == nil {
+		return nil
+	}
+	if err := s.held.Release(); err != nil {
+		return &brokerError{fmt.Errorf("send the batch: %w", err)}
+	}
+	return nil
+}
+
 func (s *session) close() {
 	if s.probe != nil {
 		_ = s.probe.Close()
@@ -441,6 +474,12 @@ func (s *session) exchangeExists(name string) (bool, error) {
 	if t, ok := s.exchanges[name]; ok && time.Since(t) < DefaultExchangeCacheTime {
 		return true, nil
 	}
+	// The probe waits for the broker's answer: send what is held first,
+	// and hold again after it.
+	if err := s.release(); err != nil {
+		return false, err
+	}
+	defer s.hold()
 	if s.probe == nil || s.probe.IsClosed() {
 		ch, err := s.conn.Channel()
 		if err != nil {

@@ -35,6 +35,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/cork"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -170,23 +171,31 @@ type Dialer struct {
 // bounds every attempt too) and when the broker refuses the credentials or
 // the vhost. Its error, an *Error, names every address tried, redacted.
 func (d *Dialer) Dial(ctx context.Context) (*amqp.Connection, error) {
+	conn, _, err := d.DialHeld(ctx)
+	return conn, err
+}
+
+// DialHeld is Dial, and returns with the connection the cork.Conn that
+// carries its bytes, so that a publisher can send a batch in one write
+// (cork.Conn.Hold, Release).
+func (d *Dialer) DialHeld(ctx context.Context) (*amqp.Connection, *cork.Conn, error) {
 	urls := d.Addrs.urls
 	if len(urls) == 0 {
-		return nil, errors.New("dial broker: no broker URL")
+		return nil, nil, errors.New("dial broker: no broker URL")
 	}
 	order := d.order(len(urls))
 	failed := &Error{}
 	for _, i := range order {
-		conn, err := d.dialOne(ctx, urls[i])
+		conn, held, err := d.dialOne(ctx, urls[i])
 		if err == nil {
-			return conn, nil
+			return conn, held, nil
 		}
 		failed.Attempts = append(failed.Attempts, Attempt{Addr: redact.URL(urls[i]), Err: err})
 		if ctx.Err() != nil || Refused(err) {
 			break
 		}
 	}
-	return nil, failed
+	return nil, nil, failed
 }
 
 func (d *Dialer) order(n int) []int {
@@ -196,8 +205,9 @@ func (d *Dialer) order(n int) []int {
 	return rand.Perm(n)
 }
 
-// dialOne opens a connection to url, bounded by d.Timeout and ctx.
-func (d *Dialer) dialOne(ctx context.Context, url string) (*amqp.Connection, error) {
+// dialOne opens a connection to url, bounded by d.Timeout and ctx, over a
+// cork.Conn (under TLS, if any).
+func (d *Dialer) dialOne(ctx context.Context, url string) (*amqp.Connection, *cork.Conn, error) {
 	var ac amqp.Config
 	if d.Config != nil {
 		ac = *d.Config
@@ -237,14 +247,27 @@ func (d *Dialer) dialOne(ctx context.Context, url string) (*amqp.Connection, err
 			return conn, nil
 		}
 	}
+	var held *cork.Conn
+	dial := ac.Dial
+	ac.Dial = func(network, addr string) (net.Conn, error) {
+		conn, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		held = cork.New(conn)
+		return held, nil
+	}
 	conn, err := amqp.DialConfig(url, ac)
 	if stop != nil {
 		stop()
 	}
-	if err != nil && ctx.Err() != nil {
-		return nil, context.Cause(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, context.Cause(ctx)
+		}
+		return nil, nil, err
 	}
-	return conn, err
+	return conn, held, nil
 }
 
 // Refused reports whether err is the broker's refusal of what a connection
