@@ -22,7 +22,7 @@ const (
 	DefaultConfirmTimeout = 10 * time.Second
 	DefaultMaxReturns     = 5
 	// DefaultLanes is the default RelayConfig.Lanes.
-	DefaultLanes             = 2
+	DefaultLanes             = 4
 	DefaultRetryInitial      = time.Second
 	DefaultRetryMax          = 5 * time.Minute
 	DefaultReconnectInitial  = 100 * time.Millisecond
@@ -49,7 +49,7 @@ type RelayConfig struct {
 	// publishes, waits for the confirms of and marks its own batch, on a
 	// broker connection of its own, while the others do the same (rows are
 	// claimed with SKIP LOCKED, so two lanes never take one row; ordering keys
-	// keep their order as with several relays). Default 2.
+	// keep their order as with several relays). Default 4.
 	Lanes int
 	// MaxBatchBytes bounds the body bytes of one batch, which the relay
 	// holds in memory until its confirms: rows are taken in id order until
