@@ -410,7 +410,7 @@ func runForward(ctx context.Context, spec workerSpec) (workerResult, error) {
 	t := newTally(spec.Count)
 	t.start()
 	// Sized as `idemq forward` sizes its pool.
-	store, closePool, err := openStore(ctx, spec, 2*spec.Concurrency+4)
+	store, closePool, err := openStore(ctx, spec, 2*spec.Concurrency+outbox.DefaultLanes)
 	if err != nil {
 		return workerResult{}, err
 	}

@@ -105,9 +105,9 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				return err
 			}
 			ctx := cmd.Context()
-			// A handler's transaction, a reservation and a heartbeat per
-			// worker at most, plus the relay's claim and spare.
-			store, err := a.openLeaseStore(ctx, int32(2*concurrency+4), lease, hashKeys, toExchange)
+			// A handler's transaction and a reservation per worker at
+			// most, plus one per relay lane (a lane holds one during its batch).
+			store, err := a.openLeaseStore(ctx, int32(2*concurrency+outbox.DefaultLanes), lease, hashKeys, toExchange)
 			if err != nil {
 				return err
 			}
@@ -263,7 +263,8 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := a.openStorePool(ctx, 4)
+			// One connection per lane; the LISTEN has its own.
+			pool, err := a.openStorePool(ctx, int32(outbox.DefaultLanes))
 			if err != nil {
 				return err
 			}
