@@ -171,7 +171,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (Result, error) {
 	if reused {
 		fmt.Fprintf(o.Log, "going on with the day in schema %s: %d keys, %d retired so far\n", o.Schema, res.Load.Keys, res.Load.Retired)
 	} else {
-		fmt.Fprintf(o.Log, "loading %d keys and %d outbox rows into schema %s (COPY)\n", o.Keys, o.Outbox, o.Schema)
+		fmt.Fprintf(o.Log, "loading %d keys and %d published outbox messages into schema %s (COPY)\n", o.Keys, o.Outbox, o.Schema)
 		if res.Load, err = load(ctx, pools.admin, o); err != nil {
 			return res, err
 		}
