@@ -466,7 +466,9 @@ func (s *session) close() {
 
 // exchangeExists reports whether the exchange exists. Publishing to a missing
 // exchange would close the publishing channel and fail the whole batch, so
-// each exchange is checked first (passive declare, cached a while).
+// each exchange is checked first (passive declare, cached a while). It runs
+// inside publishAll, while the batch's writes are held: a probe sends them
+// first and holds the writes again after its answer.
 func (s *session) exchangeExists(name string) (bool, error) {
 	if name == "" {
 		return true, nil
