@@ -103,7 +103,9 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions, ta
 	sw := sweep.Options{Retention: retention, Batch: opts.Batch, Pause: opts.Pause, MaxBatches: opts.MaxBatches}
 	if opts.Vacuum {
 		// The relays' moves leave dead rows in the outbox table too.
-		sw.Vacuum = strings.Join(uniq(append(tables, o.table)), ", ")
+		vacuum := append(slices.Clone(tables), o.table)
+		slices.Sort(vacuum)
+		sw.Vacuum = strings.Join(slices.Compact(vacuum), ", ")
 	}
 	r, err := sweep.Run(ctx, conn, o.gcMetrics, steps, behind, sw)
 	res := GCResult{Batches: r.Batches, Behind: r.Behind, Vacuumed: r.Vacuumed}
@@ -114,17 +116,6 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions, ta
 		return res, fmt.Errorf("outbox: gc: %w", err)
 	}
 	return res, nil
-}
-
-// uniq returns names without repeats, in their first order.
-func uniq(names []string) []string {
-	out := names[:0:0]
-	for _, n := range names {
-		if !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
 }
 
 // Unpark makes parked rows pending again, with their return count reset,
