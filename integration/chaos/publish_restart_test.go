@@ -132,11 +132,12 @@ func TestPublisherAcrossBrokerRestart(t *testing.T) {
 	// at-least-once quorum queues until the node itself restarts).
 	// With shared services (a node this test cannot start again) it stops
 	// the application alone.
-	stopCmd := "stop"
-	if svc.mode != "private" {
-		stopCmd = "stop_app"
+	if svc.mode == "private" {
+		err = svc.rabbit.stop(ctx)
+	} else {
+		err = svc.brokerStopApp(ctx)
 	}
-	if _, err := svc.rabbitmqctl(ctx, stopCmd); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Hold the broker down while the stream keeps trying: nothing to wait

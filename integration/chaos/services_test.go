@@ -195,6 +195,18 @@ func (s *services) brokerStopApp(ctx context.Context) error {
 	return nil
 }
 
+// brokerRestart restarts the whole node: stop, wait for the VM to go,
+// start. Only a private node can be started again.
+func (s *services) brokerRestart(ctx context.Context) error {
+	if s.rabbit.base == "" {
+		return errors.New("the broker is not the soak's own node: it cannot be restarted")
+	}
+	if err := s.rabbit.stop(ctx); err != nil {
+		return err
+	}
+	return s.brokerStart(ctx)
+}
+
 func (s *services) brokerCloseAll(ctx context.Context) error {
 	_, err := s.rabbit.ctl(ctx, "close_all_connections", "closed by the idemq chaos soak")
 	return err
@@ -386,6 +398,19 @@ func (n *rabbitNode) start(ctx context.Context) error {
 	}
 	if err := waitUntil(ctx, 2*time.Minute, n.amqpAnswers); err != nil {
 		return fmt.Errorf("RabbitMQ does not take connections after start: %w", err)
+	}
+	return nil
+}
+
+// stop stops the whole node (rabbitmqctl stop) and waits until its VM is
+// gone, so that a start after it boots a new VM rather than starting the
+// application again on one that is still halting.
+func (n *rabbitNode) stop(ctx context.Context) error {
+	if _, err := n.ctl(ctx, "stop"); err != nil {
+		return fmt.Errorf("rabbitmqctl stop: %w", err)
+	}
+	if err := waitUntil(ctx, 2*time.Minute, func() bool { return !n.running(ctx) }); err != nil {
+		return fmt.Errorf("RabbitMQ node %s does not stop: %w", n.name, err)
 	}
 	return nil
 }

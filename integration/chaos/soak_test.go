@@ -167,6 +167,40 @@ func runSoak(t *testing.T, o soakOptions) {
 	}
 }
 
+// declareTopology declares the soak's queues. A broker that has just
+// started, or one loaded by the tests running beside the soak, may refuse a
+// quorum queue declaration with a channel crash (541 INTERNAL_ERROR): the
+// declaration is idempotent, so it is tried again for a while, and a private
+// node that still refuses is restarted as a whole once (a node whose
+// application was stopped and started again may refuse at-least-once
+// dead-lettering until its VM restarts).
+func (s *soak) declareTopology(ctx context.Context, cfg consumer.Config) error {
+	try := func() error {
+		var err error
+		for attempt := 1; attempt <= 5; attempt++ {
+			if err = consumer.Apply(ctx, cfg.URL, cfg.TopologyConfig()); err == nil {
+				return nil
+			}
+			s.t.Logf("declare topology, attempt %d: %v", attempt, err)
+			select {
+			case <-time.After(time.Duration(attempt) * time.Second):
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			}
+		}
+		return err
+	}
+	err := try()
+	if err == nil || s.svc.rabbit == nil || s.svc.rabbit.base == "" {
+		return err
+	}
+	s.t.Logf("declare topology: restarting the soak's RabbitMQ node after: %v", err)
+	if rerr := s.svc.brokerRestart(ctx); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return try()
+}
+
 // setup starts the services and toxiproxy, migrates a fresh schema and
 // declares the queues. It returns the frame_max the broker negotiates.
 func (s *soak) setup() (frameMax int) {
@@ -267,7 +301,9 @@ CREATE TABLE `+sch+`.stats (
 	ccfg.URL = s.svc.amqpURL
 	ccfg.ConnectionName = "idemq-chaos-" + s.runID + "-setup"
 	s.topo = consumer.NewTopology(ccfg.TopologyConfig())
-	if err := consumer.Apply(context.Background(), ccfg.URL, ccfg.TopologyConfig()); err != nil {
+	declareCtx, cancelDeclare := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancelDeclare()
+	if err := s.declareTopology(declareCtx, ccfg); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}
 	s.insp = newInspector(s.svc.amqpAddrs(t), s.topo, s.outQ, s.twinQ)
