@@ -18,7 +18,10 @@ import (
 // Defaults used where a Config leaves a field zero.
 const (
 	DefaultConcurrency = 8
-	DefaultGroupSize   = 16
+	// DefaultGroupSize is the group commit of a per-message Handler: half
+	// of the 64 savepoints a Postgres backend caches (maxSavepointGroup),
+	// the size that measured best below it (docs/benchmarks.md).
+	DefaultGroupSize = 32
 	// DefaultBatchGroupSize is the default GroupSize of a consumer made by
 	// NewBatch.
 	DefaultBatchGroupSize  = 100
@@ -74,7 +77,7 @@ type Config struct {
 	// under its own savepoint of one shared transaction, one commit. A
 	// failing handler rolls back only its own effects and key; each handler
 	// runs once per delivery. 1 turns it off (one transaction per message).
-	// Default 16; DefaultBatchGroupSize for NewBatch.
+	// Default DefaultGroupSize (32); DefaultBatchGroupSize for NewBatch.
 	GroupSize int
 	// GroupOptimistic runs a group's handlers without a savepoint each, its
 	// keys reserved in the group's transaction (see SeparateReservations)

@@ -226,17 +226,19 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	} {
 		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work, skip: refSkip})
 	}
+	// The per-message group rows run the library's default group size.
+	g := consumer.DefaultGroupSize
 	scenarios = append(scenarios,
 		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
 		scenario{name: "idemq per-message, separate reservation", mode: modeSingle, groupSize: 1, separate: true},
-		scenario{name: "idemq per-message, group commit 32", mode: modeGroup, groupSize: 32},
-		scenario{name: "idemq group commit 32, separate reservations", mode: modeGroup, groupSize: 32, separate: true},
-		scenario{name: "idemq per-message, optimistic group 32", mode: modeGroup, groupSize: 32, optimistic: true},
-		scenario{name: "idemq optimistic 32, separate reservations", mode: modeGroup, groupSize: 32, optimistic: true, separate: true},
+		scenario{name: fmt.Sprintf("idemq per-message, group commit %d", g), mode: modeGroup, groupSize: g},
+		scenario{name: fmt.Sprintf("idemq group commit %d, separate reservations", g), mode: modeGroup, groupSize: g, separate: true},
+		scenario{name: fmt.Sprintf("idemq per-message, optimistic group %d", g), mode: modeGroup, groupSize: g, optimistic: true},
+		scenario{name: fmt.Sprintf("idemq optimistic %d, separate reservations", g), mode: modeGroup, groupSize: g, optimistic: true, separate: true},
 		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
 		scenario{name: "idemq batch 100, separate reservations", mode: modeBatch, groupSize: 100, separate: true},
 		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
-		scenario{name: "idemq optimistic group 32, 20% dup", mode: modeGroup, groupSize: 32, optimistic: true, duplicates: 0.2},
+		scenario{name: fmt.Sprintf("idemq optimistic group %d, 20%% dup", g), mode: modeGroup, groupSize: g, optimistic: true, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
 	)
 	if o.WatermillDir != "" {
