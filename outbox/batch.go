@@ -170,7 +170,7 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, l *lane) (full bool,
 	if err == nil {
 		var closed bool
 		timeout, closed = r.awaitConfirms(pubs)
-		if closed || !s.alive() {
+		if closed || !s.Alive() {
 			// Pending confirms of a closed channel read as nacks: trust none.
 			err = &brokerError{fmt.Errorf("channel closed during the batch: %w", s.deathErr())}
 		}
@@ -217,7 +217,7 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, l *lane) (full bool,
 // at a time; a batch of one row is that row's fault, recorded like a return.
 func (r *Relay) suspect(ctx context.Context, s *session, l *lane, tx pgx.Tx, pubs []*published) {
 	select {
-	case <-s.dead:
+	case <-s.Dead():
 	case <-time.After(time.Second):
 		return
 	}
@@ -336,7 +336,7 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) (pubs [
 		for k, v := range carrier {
 			headers[k] = v
 		}
-		sent, err := s.pub.Publish(ctx, w.exchange, w.routingKey, amqp.Publishing{
+		sent, err := s.Publisher().Publish(ctx, w.exchange, w.routingKey, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     w.contentType,
 			ContentEncoding: w.contentEncoding,

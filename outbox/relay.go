@@ -220,7 +220,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		}
 		r.connected.Store(true)
 		served, err := r.serve(ctx, s, l)
-		s.close()
+		s.Close()
 		if err == nil || ctx.Err() != nil {
 			break
 		}
@@ -285,7 +285,7 @@ func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, er
 		case <-ctx.Done():
 		case <-l.wake:
 		case <-poll.C:
-		case <-s.dead:
+		case <-s.Dead():
 			return served, s.deathErr()
 		}
 	}
@@ -360,22 +360,12 @@ type brokerError struct{ err error }
 func (e *brokerError) Error() string { return "broker: " + e.err.Error() }
 func (e *brokerError) Unwrap() error { return e.err }
 
-// session is one broker connection with its publishing channel.
+// session is one lane's broker session (confirm.Session) and, when the
+// relay dialed the connection, the cork that holds its writes (see hold).
 type session struct {
-	conn *amqp.Connection
-	// held carries conn's bytes when the relay dialed it (nil for
-	// RelayConfig.Dial): see hold.
+	*confirm.Session
+	// held carries the connection's bytes (nil for RelayConfig.Dial).
 	held *cork.Conn
-	ch   *amqp.Channel
-	pub  *confirm.Publisher
-	dead chan struct{}
-	err  atomic.Pointer[amqp.Error]
-
-	// probe checks that exchanges exist (a failed passive declare closes
-	// its channel, so it is not the publishing one); exchanges caches the
-	// answers for a while.
-	probe     *amqp.Channel
-	exchanges map[string]time.Time
 }
 
 func (r *Relay) connect(ctx context.Context) (*session, error) {
@@ -383,55 +373,20 @@ func (r *Relay) connect(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
-	ch, err := conn.Channel()
-	var pub *confirm.Publisher
-	if err == nil {
-		pub, err = confirm.New(ch, conn.Config.FrameSize)
-	}
+	cs, err := confirm.Open(conn, DefaultExchangeCacheTime)
 	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("open confirm channel: %w", err)
+		return nil, err
 	}
-	s := &session{
-		conn:      conn,
-		held:      held,
-		ch:        ch,
-		pub:       pub,
-		dead:      make(chan struct{}),
-		exchanges: map[string]time.Time{},
-	}
-	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	go func() {
-		// Buffered, and the other is closed by the library after at most
-		// one send, so neither can block it.
-		var e *amqp.Error
-		select {
-		case e = <-connClosed:
-		case e = <-chClosed:
-		}
-		if e != nil {
-			s.err.Store(e)
-		}
-		close(s.dead)
-	}()
-	return s, nil
+	return &session{Session: cs, held: held}, nil
 }
 
+// deathErr is why the session died (amqp.ErrClosed when the broker gave
+// no reason).
 func (s *session) deathErr() error {
-	if e := s.err.Load(); e != nil {
-		return e
+	if err := s.Err(); err != nil {
+		return err
 	}
 	return amqp.ErrClosed
-}
-
-func (s *session) alive() bool {
-	select {
-	case <-s.dead:
-		return false
-	default:
-		return !s.ch.IsClosed()
-	}
 }
 
 // hold keeps the session's writes back, to be sent together by release:
@@ -455,49 +410,27 @@ func (s *session) release() error {
 	return nil
 }
 
-func (s *session) close() {
-	if s.probe != nil {
-		_ = s.probe.Close()
-	}
-	_ = s.ch.Close()
-	_ = s.conn.Close()
-	<-s.dead
-}
-
 // exchangeExists reports whether the exchange exists. Publishing to a missing
 // exchange would close the publishing channel and fail the whole batch, so
-// each exchange is checked first (passive declare, cached a while). It runs
-// inside publishAll, while the batch's writes are held: a probe sends them
-// first and holds the writes again after its answer.
+// each exchange is checked first (confirm.Session.CheckExchange, trusted
+// for DefaultExchangeCacheTime). It runs inside publishAll, while the
+// batch's writes are held: a probe sends them first and holds the writes
+// again after its answer.
 func (s *session) exchangeExists(name string) (bool, error) {
-	if name == "" {
+	if s.ExchangeKnown(name) {
 		return true, nil
 	}
-	if t, ok := s.exchanges[name]; ok && time.Since(t) < DefaultExchangeCacheTime {
-		return true, nil
-	}
-	// The probe waits for the broker's answer: send what is held first,
-	// and hold again after it.
 	if err := s.release(); err != nil {
 		return false, err
 	}
 	defer s.hold()
-	if s.probe == nil || s.probe.IsClosed() {
-		ch, err := s.conn.Channel()
-		if err != nil {
-			return false, &brokerError{fmt.Errorf("open probe channel: %w", err)}
-		}
-		s.probe = ch
-	}
-	err := s.probe.ExchangeDeclarePassive(name, amqp.ExchangeDirect, false, false, false, false, nil)
-	var ae *amqp.Error
+	err := s.CheckExchange(name)
+	var missing *confirm.ReturnError
 	switch {
 	case err == nil:
-		s.exchanges[name] = time.Now()
 		return true, nil
-	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
-		s.probe = nil // closed by the broker
+	case errors.As(err, &missing):
 		return false, nil
 	}
-	return false, &brokerError{fmt.Errorf("check exchange: %w", err)}
+	return false, &brokerError{err}
 }

@@ -174,7 +174,7 @@ type Publisher struct {
 	// lock is held (a token in it) while the session is read or replaced;
 	// a channel, so that waiting for it honours a context.
 	lock   chan struct{}
-	sess   *session
+	sess   *confirm.Session
 	closed bool
 }
 
@@ -297,13 +297,13 @@ func (p *Publisher) attempt(ctx context.Context, exchange, routingKey string, ms
 	if err != nil {
 		return err
 	}
-	if err := s.checkExchange(exchange); err != nil {
+	if err := checkExchange(s, exchange); err != nil {
 		if !errors.Is(err, ErrUnroutable) {
 			p.drop(s)
 		}
 		return err
 	}
-	pd, err := s.pub.Publish(ctx, exchange, routingKey, msg)
+	pd, err := s.Publisher().Publish(ctx, exchange, routingKey, msg)
 	if err != nil {
 		if errors.Is(err, ErrTooLarge) {
 			return &finalError{err}
@@ -331,7 +331,7 @@ func (p *Publisher) attempt(ctx context.Context, exchange, routingKey string, ms
 		return &finalError{err}
 	case errors.Is(err, ErrChannelClosed):
 		p.drop(s)
-		if d := s.deathErr(); d != nil {
+		if d := s.Err(); d != nil {
 			return fmt.Errorf("%w: %s", err, d)
 		}
 	}
@@ -339,7 +339,7 @@ func (p *Publisher) attempt(ctx context.Context, exchange, routingKey string, ms
 }
 
 // session returns the live session, opening one if there is none.
-func (p *Publisher) session(ctx context.Context) (*session, error) {
+func (p *Publisher) session(ctx context.Context) (*confirm.Session, error) {
 	select {
 	case p.lock <- struct{}{}:
 	case <-ctx.Done():
@@ -349,11 +349,11 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	if p.closed {
 		return nil, &finalError{ErrClosed}
 	}
-	if p.sess != nil && p.sess.alive() {
+	if p.sess != nil && p.sess.Alive() {
 		return p.sess, nil
 	}
 	if p.sess != nil {
-		p.sess.close()
+		p.sess.Close()
 		p.sess = nil
 	}
 	s, err := connect(ctx, p.addrs, p.cfg)
@@ -366,13 +366,13 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 
 // drop closes s, if it is still the current session, so that the next
 // attempt opens a new one.
-func (p *Publisher) drop(s *session) {
+func (p *Publisher) drop(s *confirm.Session) {
 	p.lock <- struct{}{}
 	if p.sess == s {
 		p.sess = nil
 	}
 	<-p.lock
-	s.close()
+	s.Close()
 }
 
 // Close closes the broker connection. Publishes still in flight fail with
@@ -383,7 +383,7 @@ func (p *Publisher) Close() error {
 	defer func() { <-p.lock }()
 	p.closed = true
 	if p.sess != nil {
-		p.sess.close()
+		p.sess.Close()
 		p.sess = nil
 	}
 	return nil
