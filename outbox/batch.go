@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -25,7 +26,6 @@ type relayStatements struct {
 
 func newRelayStatements(schema string) relayStatements {
 	t := pgx.Identifier{schema, "outbox"}.Sanitize()
-	published := pgx.Identifier{schema, "outbox_published"}.Sanitize()
 	return relayStatements{
 		// Up to $1 pending rows in id order are locked, and of those the
 		// prefix whose bodies add up to at most $2 bytes is read (the first
@@ -69,15 +69,8 @@ ORDER BY o.id`,
 WHERE pg_try_advisory_xact_lock(hashtext($2), hashtext(k))`,
 		lockClass: schema + ".outbox",
 
-		// A confirmed row moves: out of the outbox (a delete writes no
-		// index entry), into the narrow record of published messages
-		// (migration 009).
-		markPublished: `WITH moved AS (
-    DELETE FROM ` + t + ` WHERE id = ANY($1)
-    RETURNING id, message_id, exchange, routing_key, created_at, attempts + 1 AS attempts, returns
-)
-INSERT INTO ` + published + ` (id, message_id, exchange, routing_key, created_at, attempts, returns)
-SELECT id, message_id, exchange, routing_key, created_at, attempts, returns FROM moved`,
+		// A confirmed row moves into the record of published messages.
+		markPublished: outboxsql.MarkPublished(schema),
 
 		markFailed: `UPDATE ` + t + ` AS o
 SET attempts = o.attempts + 1,

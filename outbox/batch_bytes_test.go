@@ -13,7 +13,9 @@ import (
 
 // A batch cut short by MaxBatchBytes counts as full: the relay claims the
 // next one at once instead of waiting for a wake-up (here: none, and a poll
-// a minute away), and every row goes out, the oversized one alone.
+// a minute away), and every row goes out, the oversized one alone. One
+// lane, so that the batches, and the messages, arrive in id order (lanes
+// publish their batches at once, in no order between them).
 func TestRelayBatchesBoundedByBytes(t *testing.T) {
 	t.Parallel()
 	const kib = 1 << 10
@@ -31,7 +33,7 @@ func TestRelayBatchesBoundedByBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := e.relayConfig(t)
-	cfg.MaxBatchBytes, cfg.NoNotify, cfg.PollInterval = 700*kib, true, time.Minute
+	cfg.MaxBatchBytes, cfg.NoNotify, cfg.PollInterval, cfg.Lanes = 700*kib, true, time.Minute, 1
 	e.startRelay(t, cfg)
 	_, got := e.consumeAll(t, len(sizes), 20*time.Second)
 	for i, d := range got {

@@ -12,9 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -210,22 +212,36 @@ func (w *worker) op(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// markPublished stands in for the relay: every interval it moves the pending
-// outbox rows into the record of published messages with the relay's own
-// statement shape, so that GC has published rows to retire. The broker is not part of this measurement.
+// markPublished stands in for the relay: every interval it claims pending
+// outbox rows, as the relay locks a batch, and moves them into the record
+// of published messages with the relay's own statement
+// (outboxsql.MarkPublished), so that GC has published rows to retire. The
+// broker is not part of this measurement.
 func markPublished(ctx context.Context, pool *pgxpool.Pool, o Options) {
-	sql := `WITH moved AS (
-    DELETE FROM ` + o.Schema + `.outbox WHERE id IN (SELECT id FROM ` + o.Schema + `.outbox
-        WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
-        ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
-    RETURNING id, message_id, exchange, routing_key, created_at, attempts + 1 AS attempts, returns
-)
-INSERT INTO ` + o.Schema + `.outbox_published (id, message_id, exchange, routing_key, created_at, attempts, returns)
-SELECT id, message_id, exchange, routing_key, created_at, attempts, returns FROM moved`
+	claim := `SELECT id FROM ` + pgx.Identifier{o.Schema, "outbox"}.Sanitize() + `
+WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
+ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
+	mark := outboxsql.MarkPublished(o.Schema)
+	batch := func() (int, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		rows, _ := tx.Query(ctx, claim)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return 0, err
+		}
+		if _, err := tx.Exec(ctx, mark, ids); err != nil {
+			return 0, err
+		}
+		return len(ids), tx.Commit(ctx)
+	}
 	every(ctx, 100*time.Millisecond, func() {
 		for {
-			tag, err := pool.Exec(ctx, sql)
-			if err != nil || tag.RowsAffected() < 1000 {
+			n, err := batch()
+			if err != nil || n < 1000 {
 				return
 			}
 		}
