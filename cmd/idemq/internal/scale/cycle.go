@@ -31,6 +31,8 @@ type Cycle struct {
 	OpsGC  int
 	P99GC  time.Duration
 	Errors [phases]int
+	// FirstError is the first of the cycle's worker errors, nil without.
+	FirstError error
 	// LockWait is the longest lock wait of a worker statement.
 	LockWait [phases]time.Duration
 	// LockKind is the locktype of the longest wait (pg_locks).
@@ -210,7 +212,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 			c.Errors[ph] = win.errs[ph]
 			c.LockWait[ph], c.LockKind[ph] = win.wait[ph], win.waitKind[ph]
 		}
-		c.lat = win.lat
+		c.lat, c.FirstError = win.lat, win.firstErr
 		gc := slices.Concat(win.lat[phaseDelete], win.lat[phaseVacuum])
 		slices.Sort(gc)
 		c.OpsGC, c.P99GC = len(gc), quantile(gc, 0.99)
@@ -447,13 +449,19 @@ func printSummary(out io.Writer, r Result) {
 	fmt.Fprintf(out, "start: %s\n", r.Start)
 	fmt.Fprintf(out, "end:   %s\n", last.Sizes)
 	var errs, missed int
-
+	var first error
 	for _, c := range r.Cycles {
 		for _, e := range c.Errors {
 			errs += e
 		}
 		missed += c.Missed
+		if first == nil {
+			first = c.FirstError
+		}
 	}
 	fmt.Fprintf(out, "rows at the end: %d keys, %d published outbox messages (loaded %d and %d)\n", r.EndKeys, r.EndOutbox, r.Load.Keys, r.Load.Outbox)
 	fmt.Fprintf(out, "worker errors %d, operations missed by the pacer %d\n", errs, missed)
+	if first != nil {
+		fmt.Fprintf(out, "first worker error: %v\n", first)
+	}
 }

@@ -32,7 +32,7 @@ func TestRunSmall(t *testing.T) {
 	}
 	c := res.Cycles[0]
 	if c.Ops[phaseQuiet] == 0 || c.Errors != [phases]int{} {
-		t.Fatalf("worker: %d operations, errors %v", c.Ops[phaseQuiet], c.Errors)
+		t.Fatalf("worker: %d operations, errors %v (first: %v)", c.Ops[phaseQuiet], c.Errors, c.FirstError)
 	}
 	// GC retired what the worker had added by the middle of the cycle.
 	if c.GCKeys == 0 || c.GCOutbox == 0 || c.Behind != 0 {
@@ -107,7 +107,7 @@ func TestRunGoesOnWithAKeptDay(t *testing.T) {
 	// The second run's GC found keys of its own to retire: the horizon moved
 	// on from where the first left it.
 	if c := second.Cycles[0]; c.GCKeys == 0 || c.Errors != [phases]int{} {
-		t.Fatalf("second run: GC retired %d, errors %v", c.GCKeys, c.Errors)
+		t.Fatalf("second run: GC retired %d, errors %v (first: %v)", c.GCKeys, c.Errors, c.FirstError)
 	}
 	if !strings.Contains(out.String(), "taken over from an earlier run") {
 		t.Fatalf("the table does not say the day was taken over:\n%s", out.String())
@@ -136,7 +136,7 @@ func TestRunTurnsTheTableOver(t *testing.T) {
 		// batch and its measure of the lag read as behind by that moment,
 		// never by more than the run took. More means GC fell behind.
 		if c.Errors != [phases]int{} || c.Behind > c.GCKeysTook {
-			t.Fatalf("cycle %d: errors %v, behind %s after a GC run of %s", c.N, c.Errors, c.Behind, c.GCKeysTook)
+			t.Fatalf("cycle %d: errors %v (first: %v), behind %s after a GC run of %s", c.N, c.Errors, c.FirstError, c.Behind, c.GCKeysTook)
 		}
 	}
 	if gc <= int64(res.Load.Keys) {

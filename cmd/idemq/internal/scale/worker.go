@@ -42,6 +42,9 @@ type recorder struct {
 	// waitKind is the pg_locks locktype of the longest wait.
 	waitKind [phases]string
 	missed   int
+	// firstErr is the first worker error since the last take, so that a
+	// count of errors comes with what they were.
+	firstErr error
 }
 
 func (r *recorder) add(p int32, d time.Duration, dup bool, err error) {
@@ -49,6 +52,9 @@ func (r *recorder) add(p int32, d time.Duration, dup bool, err error) {
 	defer r.mu.Unlock()
 	if err != nil {
 		r.errs[p]++
+		if r.firstErr == nil {
+			r.firstErr = err
+		}
 		return
 	}
 	r.lat[p] = append(r.lat[p], d)
@@ -79,13 +85,14 @@ type window struct {
 	waitKind [phases]string
 	dups     int
 	missed   int
+	firstErr error
 }
 
 func (r *recorder) take() window {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w := window{lat: r.lat, errs: r.errs, wait: r.wait, waitKind: r.waitKind, dups: r.dups, missed: r.missed}
-	r.lat, r.errs, r.wait, r.waitKind, r.dups, r.missed = [phases][]time.Duration{}, [phases]int{}, [phases]time.Duration{}, [phases]string{}, 0, 0
+	w := window{lat: r.lat, errs: r.errs, wait: r.wait, waitKind: r.waitKind, dups: r.dups, missed: r.missed, firstErr: r.firstErr}
+	r.lat, r.errs, r.wait, r.waitKind, r.dups, r.missed, r.firstErr = [phases][]time.Duration{}, [phases]int{}, [phases]time.Duration{}, [phases]string{}, 0, 0, nil
 	for p := range w.lat {
 		slices.Sort(w.lat[p])
 	}
@@ -212,31 +219,26 @@ func (w *worker) op(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// markPublished stands in for the relay: every interval it claims pending
-// outbox rows, as the relay locks a batch, and moves them into the record
-// of published messages with the relay's own statement
-// (outboxsql.MarkPublished), so that GC has published rows to retire. The
+// markPublished stands in for the relay: every interval it picks pending
+// outbox rows and moves them into the record of published messages with
+// the relay's own statement (outboxsql.MarkPublished), so that GC has
+// published rows to retire. It runs alone, so it locks nothing, and each
+// move commits on its own, at once: the rows are stamped published just
+// before they become visible, as GC expects of a relay's quick commit. The
 // broker is not part of this measurement.
 func markPublished(ctx context.Context, pool *pgxpool.Pool, o Options) {
-	claim := `SELECT id FROM ` + pgx.Identifier{o.Schema, "outbox"}.Sanitize() + `
+	pick := `SELECT id FROM ` + pgx.Identifier{o.Schema, "outbox"}.Sanitize() + `
 WHERE published_at IS NULL AND parked_at IS NULL AND available_at <= now()
-ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
+ORDER BY id LIMIT 1000`
 	mark := outboxsql.MarkPublished(o.Schema)
 	batch := func() (int, error) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		rows, _ := tx.Query(ctx, claim)
+		rows, _ := pool.Query(ctx, pick)
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil || len(ids) == 0 {
 			return 0, err
 		}
-		if _, err := tx.Exec(ctx, mark, ids); err != nil {
-			return 0, err
-		}
-		return len(ids), tx.Commit(ctx)
+		_, err = pool.Exec(ctx, mark, ids)
+		return len(ids), err
 	}
 	every(ctx, 100*time.Millisecond, func() {
 		for {
