@@ -61,9 +61,9 @@ func testBlackHoled(t *testing.T, m mode, trigger []byte) {
 	const n = 4
 	h := newHarness(t, m, func(c *consumer.Config) {
 		c.Concurrency = 1
-		c.GroupSize, c.GroupOptimistic, c.GroupLinger = n, m.optimistic(), time.Second
+		c.Group.Size, c.Group.Optimistic, c.Group.Linger = n, m.optimistic(), time.Second
 		if m.single() {
-			c.GroupSize = 1
+			c.Group.Size = 1
 		}
 		c.SeparateReservations = m.separate()
 		c.StoreTimeout, c.HandlerTimeout = time.Second, 2*time.Second

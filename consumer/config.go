@@ -22,8 +22,8 @@ const (
 	// of the 64 savepoints a Postgres backend caches (maxSavepointGroup),
 	// the size that measured best below it (docs/benchmarks.md).
 	DefaultGroupSize = 32
-	// DefaultBatchGroupSize is the default GroupSize of a consumer made by
-	// NewBatch.
+	// DefaultBatchGroupSize is the default Group.Size of a consumer made
+	// by NewBatch.
 	DefaultBatchGroupSize  = 100
 	DefaultMaxAttempts     = 5
 	DefaultDeliveryLimit   = 20
@@ -67,26 +67,13 @@ type Config struct {
 	// Concurrency is the number of deliveries handled at once. Default 8.
 	Concurrency int
 	// Prefetch is the channel's QoS prefetch count. Default
-	// (Concurrency+1) × GroupSize (a group for every executor and one
+	// (Concurrency+1) × Group.Size (a group for every executor and one
 	// filling), at least 2 × Concurrency.
 	Prefetch int
-	// GroupSize is group commit: one collector per connection forms groups
-	// of up to GroupSize deliveries (what is waiting when an executor is
-	// free, or more with GroupLinger) and each of Concurrency executors runs
-	// one group at a time: its keys reserved with one statement, each handler
-	// under its own savepoint of one shared transaction, one commit. A
-	// failing handler rolls back only its own effects and key; each handler
-	// runs once per delivery. 1 turns it off (one transaction per message).
-	// Default DefaultGroupSize (32); DefaultBatchGroupSize for NewBatch.
-	GroupSize int
-	// GroupOptimistic runs a group's handlers without a savepoint each, its
-	// keys reserved in the group's transaction (see SeparateReservations)
-	// and completed with one statement; if any handler fails, the group is
-	// rolled back and run again with savepoints. Fewer statements
-	// per message, but a handler may run twice for one delivery (its
-	// transactional writes count once): use it only for handlers whose
-	// effects all go through the transaction.
-	GroupOptimistic bool
+	// Group is group commit: how deliveries are gathered into one
+	// transaction. Default: groups of up to DefaultGroupSize, no linger,
+	// a savepoint per handler; DefaultBatchGroupSize for NewBatch.
+	Group Group
 	// SeparateReservations makes every group reserve its keys with a
 	// statement of its own that commits before the handlers run, each key
 	// under a lease that others can see and a heartbeat extends. By
@@ -120,11 +107,6 @@ type Config struct {
 	// delivery waits at most 20ms before it is sent on its own. Either way
 	// no delivery is acked before the commit that made its outcome durable.
 	IndividualAcks bool
-	// GroupLinger is how long a group may wait to fill once its first
-	// delivery is in (while an executor is free); 0 hands over what is
-	// waiting, adding no latency. While every executor is busy, groups fill
-	// anyway.
-	GroupLinger time.Duration
 	// HandlerTimeout bounds one call of user code, the same in every mode:
 	// a Handler's call for one delivery, a BatchHandler's call for its
 	// batch (an infrastructure failure when exceeded). The completion and
@@ -255,10 +237,39 @@ type TestKnobs struct {
 	AllowShortRetention bool
 }
 
+// Group is group commit: one collector per
+// connection forms groups of up to Size deliveries and each of the
+// Config's Concurrency executors runs one group at a time, in one
+// transaction with one commit (docs/consumer.md, "Group commit").
+type Group struct {
+	// Size is the most deliveries in one group: what is waiting when an
+	// executor is free, or more with Linger. Their keys are reserved with
+	// one statement, each handler runs under a savepoint of its own of the
+	// shared transaction (unless Optimistic), and the group commits once.
+	// A failing handler rolls back only its own effects and key; each
+	// handler runs once per delivery. 1 turns group commit off: one
+	// transaction per message. Default DefaultGroupSize (32);
+	// DefaultBatchGroupSize for NewBatch, whose BatchHandler gets a
+	// group at a time.
+	Size int
+	// Linger is how long a group may wait to fill once its first delivery
+	// is in (while an executor is free); 0 hands over what is waiting,
+	// adding no latency. While every executor is busy, groups fill anyway.
+	Linger time.Duration
+	// Optimistic runs a group's handlers without a savepoint each, its
+	// keys reserved in the group's transaction (see
+	// Config.SeparateReservations) and completed with one statement; if any
+	// handler fails, the group is rolled back and run again with
+	// savepoints. Fewer statements per message, but a handler may run
+	// twice for one delivery (its transactional writes count once): use it
+	// only for handlers whose effects all go through the transaction.
+	Optimistic bool
+}
+
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c *Config) WithDefaults() Config { return c.withDefaults(DefaultGroupSize) }
 
-// withDefaults fills the gaps, with groupSize as the default GroupSize
+// withDefaults fills the gaps, with groupSize as the default Group.Size
 // (DefaultBatchGroupSize for NewBatch).
 func (c *Config) withDefaults(groupSize int) Config {
 	var out Config
@@ -266,10 +277,10 @@ func (c *Config) withDefaults(groupSize int) Config {
 		out = *c
 	}
 	out.Concurrency = cmp.Or(out.Concurrency, DefaultConcurrency)
-	out.GroupSize = cmp.Or(out.GroupSize, groupSize)
+	out.Group.Size = cmp.Or(out.Group.Size, groupSize)
 	// Every executor's group plus the one filling, at least two deliveries
 	// per executor.
-	out.Prefetch = cmp.Or(out.Prefetch, max((out.Concurrency+1)*out.GroupSize, 2*out.Concurrency))
+	out.Prefetch = cmp.Or(out.Prefetch, max((out.Concurrency+1)*out.Group.Size, 2*out.Concurrency))
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, DefaultHandlerTimeout)
 	out.ShutdownTimeout = cmp.Or(out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.PublishTimeout = cmp.Or(out.PublishTimeout, DefaultPublishTimeout)
@@ -327,8 +338,11 @@ func (c Config) validate() error {
 	if c.Name == "" {
 		errs = append(errs, errors.New("consumer name (the stable scope of its keys) is required"))
 	}
-	if c.GroupSize < 1 {
-		errs = append(errs, fmt.Errorf("group size %d must be positive", c.GroupSize))
+	if c.Group.Size < 1 {
+		errs = append(errs, fmt.Errorf("group size %d must be positive", c.Group.Size))
+	}
+	if c.Group.Linger < 0 {
+		errs = append(errs, fmt.Errorf("group linger %s must not be negative", c.Group.Linger))
 	}
 	if c.Concurrency < 1 || c.Prefetch < 1 {
 		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))

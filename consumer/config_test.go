@@ -19,6 +19,9 @@ func TestConfigBounds(t *testing.T) {
 	if c.StoreTimeout != consumer.DefaultStoreTimeout || c.MaxInFlightBytes != consumer.DefaultMaxInFlightBytes {
 		t.Fatalf("defaults: store timeout %s, max in-flight bytes %d", c.StoreTimeout, c.MaxInFlightBytes)
 	}
+	if want := (consumer.Group{Size: consumer.DefaultGroupSize}); c.Group != want || c.Prefetch != (c.Concurrency+1)*want.Size {
+		t.Fatalf("defaults: group %+v, prefetch %d; want %+v, %d", c.Group, c.Prefetch, want, (c.Concurrency+1)*want.Size)
+	}
 	store, err := dedup.NewStore(testdb.Pool(t, 1), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -29,6 +32,8 @@ func TestConfigBounds(t *testing.T) {
 	for name, mod := range map[string]func(*consumer.Config){
 		"store timeout":       func(c *consumer.Config) { c.StoreTimeout = -time.Second },
 		"max in-flight bytes": func(c *consumer.Config) { c.MaxInFlightBytes = -1 },
+		"group size":          func(c *consumer.Config) { c.Group.Size = -1 },
+		"group linger":        func(c *consumer.Config) { c.Group.Linger = -time.Millisecond },
 	} {
 		cfg := consumer.Config{URL: "amqp://127.0.0.1:1/", Queue: "q", Name: "n"}
 		mod(&cfg)

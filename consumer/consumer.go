@@ -95,7 +95,7 @@ func New(store *dedup.Store, h Handler, cfg *Config) (*Consumer, error) {
 }
 
 // NewBatch returns a consumer in batch mode: bh handles groups of up to
-// cfg.GroupSize deliveries (default DefaultBatchGroupSize) in one
+// cfg.Group.Size deliveries (default DefaultBatchGroupSize) in one
 // transaction, with their keys reserved by one statement and completed by
 // another. See BatchHandler.
 func NewBatch(store *dedup.Store, bh BatchHandler, cfg *Config) (*Consumer, error) {
@@ -221,9 +221,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			c.notReady(err)
 		}
 	}()
-	if c.batchHandler == nil && !c.cfg.GroupOptimistic && c.cfg.GroupSize > maxSavepointGroup {
+	if c.batchHandler == nil && !c.cfg.Group.Optimistic && c.cfg.Group.Size > maxSavepointGroup {
 		c.log.Warn("group commit with more savepoints than Postgres caches per transaction; every session's snapshots slow down while such a group runs",
-			"group_size", c.cfg.GroupSize, "advised_max", maxSavepointGroup)
+			"group_size", c.cfg.Group.Size, "advised_max", maxSavepointGroup)
 	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(200*time.Millisecond),

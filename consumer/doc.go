@@ -47,11 +47,11 @@
 // # One pipeline, four modes
 //
 // Every delivery goes through one pipeline: a collector forms groups
-// (GroupSize, GroupLinger) for Concurrency executors; a group's keys are
+// (Config.Group: Size, Linger) for Concurrency executors; a group's keys are
 // reserved with one statement; its handlers run in one transaction under
 // one heartbeat that cancels exactly the handlers whose lease was lost; each
 // delivery is then settled. By default each handler runs under its own
-// savepoint; GroupSize 1 is one transaction per message; GroupOptimistic
+// savepoint; Group.Size 1 is one transaction per message; Group.Optimistic
 // drops the savepoints; NewBatch takes a BatchHandler that handles a whole
 // group in one call. Batch handlers and optimistic groups reserve their
 // keys inside the group's transaction (one commit per group; see

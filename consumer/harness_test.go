@@ -70,15 +70,15 @@ func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 	}
 	switch m {
 	case modeSingle:
-		h.cfg.GroupSize = 1
+		h.cfg.Group.Size = 1
 	case modeGroupSeparate:
 		h.cfg.SeparateReservations = true
 	case modeSingleSeparate:
-		h.cfg.GroupSize, h.cfg.SeparateReservations = 1, true
+		h.cfg.Group.Size, h.cfg.SeparateReservations = 1, true
 	case modeOptimistic:
-		h.cfg.GroupSize, h.cfg.GroupOptimistic = 16, true
+		h.cfg.Group.Size, h.cfg.Group.Optimistic = 16, true
 	case modeOptimisticSeparate:
-		h.cfg.GroupSize, h.cfg.GroupOptimistic, h.cfg.SeparateReservations = 16, true, true
+		h.cfg.Group.Size, h.cfg.Group.Optimistic, h.cfg.SeparateReservations = 16, true, true
 	case modeBatchSeparate:
 		h.cfg.SeparateReservations = true
 	}
@@ -289,7 +289,7 @@ const (
 	modeGroup mode = "group"
 	// modeGroupSeparate: the same with separate reservations.
 	modeGroupSeparate mode = "group-separate"
-	// modeSingle: one transaction per message (GroupSize 1).
+	// modeSingle: one transaction per message (Group.Size 1).
 	modeSingle mode = "single"
 	// modeSingleSeparate: the same with a separate reservation.
 	modeSingleSeparate mode = "single-separate"

@@ -13,7 +13,7 @@ import (
 )
 
 // The runtime holds at most MaxInFlightBytes of bodies: a worker that waits
-// (GroupLinger) for a group of 16 gets only the deliveries that fit in the
+// (Group.Linger) for a group of 16 gets only the deliveries that fit in the
 // budget, however many the prefetch let in; and a message larger than the
 // whole budget is still handled, alone.
 func TestInFlightBytesBoundGroups(t *testing.T) {
@@ -25,7 +25,7 @@ func TestInFlightBytesBoundGroups(t *testing.T) {
 			smalls = 6
 		)
 		h := newHarness(t, m, func(c *consumer.Config) {
-			c.Concurrency, c.GroupSize, c.GroupLinger = 1, 16, 300*time.Millisecond
+			c.Concurrency, c.Group.Size, c.Group.Linger = 1, 16, 300*time.Millisecond
 			c.MaxInFlightBytes = budget
 		})
 		h.publish("big", strings.Repeat("B", big), nil)

@@ -52,7 +52,7 @@ func TestOutboxRowsCommitWithTheKeyAndKeepTheirIDs(t *testing.T) {
 // the handler's own is written at once, as always.
 func TestOutboxRowsOfAFailedHandlerAreDropped(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
-		h := newHarness(t, m, func(c *consumer.Config) { c.Concurrency, c.GroupLinger = 1, 200*time.Millisecond })
+		h := newHarness(t, m, func(c *consumer.Config) { c.Concurrency, c.Group.Linger = 1, 200*time.Millisecond })
 		const n = 12
 		failing := map[string]bool{keyOf(3, "ob"): true, keyOf(7, "ob"): true}
 		own := keyOf(5, "ob")

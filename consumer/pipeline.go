@@ -23,8 +23,8 @@ import (
 
 // Every delivery goes through one pipeline, whatever the mode:
 //
-//	collect  one accumulator per session forms groups of up to GroupSize
-//	         deliveries (GroupLinger waits for a group to fill) and hands each
+//	collect  one accumulator per session forms groups of up to Group.Size
+//	         deliveries (Group.Linger waits for a group to fill) and hands each
 //	         to the first of Concurrency executors that is free; a group of
 //	         one is the per-message mode.
 //	claim    each delivery's key, tenant and fingerprint are read (prepare),
@@ -47,7 +47,7 @@ import (
 // never acked: the broker redelivers them.
 func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out chan<- []*amqp.Delivery) {
 	defer close(out)
-	size := c.cfg.GroupSize
+	size := c.cfg.Group.Size
 	var (
 		group  []*amqp.Delivery
 		timer  *time.Timer
@@ -59,11 +59,11 @@ func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out ch
 		if len(group) > 1 {
 			return
 		}
-		if c.cfg.GroupLinger <= 0 || size == 1 {
+		if c.cfg.Group.Linger <= 0 || size == 1 {
 			ready = true
 			return
 		}
-		timer = time.NewTimer(c.cfg.GroupLinger)
+		timer = time.NewTimer(c.cfg.Group.Linger)
 		linger = timer.C
 	}
 	for {

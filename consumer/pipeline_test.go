@@ -73,7 +73,7 @@ func TestLostLeaseCancelsOnlyThatHandler(t *testing.T) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Lease = 1500 * time.Millisecond
 			c.Concurrency = 1
-			c.GroupLinger = 200 * time.Millisecond
+			c.Group.Linger = 200 * time.Millisecond
 		})
 		started := make(chan struct{}, 1)
 		causes := make(chan error, 4)
@@ -167,7 +167,7 @@ func TestWholeGroupsWithDuplicatesAndPoison(t *testing.T) {
 
 func testWholeGroupsWithDuplicatesAndPoison(t *testing.T, m mode) {
 	h := newHarness(t, m, func(c *consumer.Config) {
-		c.GroupSize, c.GroupLinger = 20, 20*time.Millisecond
+		c.Group.Size, c.Group.Linger = 20, 20*time.Millisecond
 	})
 	handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		if d.Key == "poison" {
@@ -218,7 +218,7 @@ func testWholeGroupsWithDuplicatesAndPoison(t *testing.T, m mode) {
 func TestOptimisticGroupsWithStepsReserveSeparately(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, modeOptimistic, func(c *consumer.Config) {
-		c.GroupLinger = 50 * time.Millisecond
+		c.Group.Linger = 50 * time.Millisecond
 	})
 	if _, err := h.pool.Exec(context.Background(), "CREATE TABLE "+h.schema+".charges (key text NOT NULL)"); err != nil {
 		t.Fatal(err)

@@ -21,9 +21,9 @@ import (
 func TestSavepointsCoverEveryKindOfStatement(t *testing.T) {
 	forModes(t, func(m mode) bool { return !m.batch() }, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
-			c.Concurrency, c.GroupLinger = 1, 200*time.Millisecond
+			c.Concurrency, c.Group.Linger = 1, 200*time.Millisecond
 			if !m.single() {
-				c.GroupSize = 32
+				c.Group.Size = 32
 			}
 		})
 		ledger := h.schema + ".ledger"

@@ -26,12 +26,12 @@ type strategy interface {
 }
 
 // newStrategy picks the consumer's strategy: batch (a BatchHandler),
-// optimistic (GroupOptimistic), else isolated.
+// optimistic (Group.Optimistic), else isolated.
 func (c *Consumer) newStrategy() strategy {
 	switch {
 	case c.batchHandler != nil:
 		return whole{c: c, batch: true}
-	case c.cfg.GroupOptimistic:
+	case c.cfg.Group.Optimistic:
 		return whole{c: c}
 	}
 	return isolated{c}

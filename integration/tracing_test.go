@@ -265,7 +265,7 @@ func testGroupLinks(t *testing.T, j *jaeger) {
 	cfg, events := e.ConsumerConfig("it.trace.group", "grouped")
 	cfg.TracerProvider = tp
 	// One worker finds the three messages waiting: one group.
-	cfg.Concurrency, cfg.GroupSize, cfg.GroupLinger = 1, 3, 5*time.Second
+	cfg.Concurrency, cfg.Group.Size, cfg.Group.Linger = 1, 3, 5*time.Second
 	for i := range 3 {
 		e.Publish(cfg.Queue, fmt.Sprintf("g-%d", i), `{}`, nil)
 	}

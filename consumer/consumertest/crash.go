@@ -79,14 +79,14 @@ type Mode string
 
 // The modes.
 const (
-	// ModeSingle: one delivery per transaction (Config.GroupSize 1).
+	// ModeSingle: one delivery per transaction (Config.Group.Size 1).
 	ModeSingle Mode = "single"
 	// ModeGroup: group commit, isolated: the group's keys reserved with one
 	// statement in the group's transaction, each handler under a savepoint
 	// of it, one commit (the consumer's default).
 	ModeGroup Mode = "group"
 	// ModeOptimistic: group commit without savepoints
-	// (Config.GroupOptimistic): if a handler fails, the group runs again
+	// (Config.Group.Optimistic): if a handler fails, the group runs again
 	// with savepoints.
 	ModeOptimistic Mode = "optimistic"
 	// ModeBatch: a consumer.BatchHandler (consumer.NewBatch) handles the
@@ -113,7 +113,7 @@ type Subject struct {
 	BatchHandler consumer.BatchHandler
 	// Mode is the mode the consumer runs in. Zero: the mode Config and
 	// BatchHandler make (ModeBatch with a BatchHandler, ModeOptimistic
-	// with GroupOptimistic, ModeSingle with a GroupSize of 1, else
+	// with Group.Optimistic, ModeSingle with a Group.Size of 1, else
 	// ModeGroup, the consumer's default).
 	Mode Mode
 	// Config is the consumer's configuration, as for consumer.New. URL,
@@ -124,7 +124,7 @@ type Subject struct {
 	// defaults to DefaultName, Lease to CrashLease, a nil Logger logs
 	// warnings to the test's log. Each worker runs one executor
 	// (Concurrency 1), so that a crash kills all it holds; in the group
-	// modes, GroupSize fits all the deliveries and GroupLinger (default
+	// modes, Group.Size fits all the deliveries and Group.Linger (default
 	// 200ms) lets them form one group.
 	Config *consumer.Config
 	// Check is called once every delivery ran to its end (processed,
@@ -284,9 +284,9 @@ func (s Subject) mode() (Mode, error) {
 		switch {
 		case s.BatchHandler != nil:
 			m = ModeBatch
-		case cfg.GroupOptimistic:
+		case cfg.Group.Optimistic:
 			m = ModeOptimistic
-		case cfg.GroupSize == 1:
+		case cfg.Group.Size == 1:
 			m = ModeSingle
 		default:
 			m = ModeGroup

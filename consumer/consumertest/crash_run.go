@@ -32,7 +32,7 @@ import (
 // knows a delivery (a redelivery, a retry copy) for the copy it is.
 const copyHeader = "x-consumertest-copy"
 
-// groupLinger is the GroupLinger of a crash test's workers in the group
+// groupLinger is the Group.Linger of a crash test's workers in the group
 // modes, unless the Subject's Config sets one: long enough for the
 // deliveries published at once to form one group.
 const groupLinger = 200 * time.Millisecond
@@ -154,10 +154,10 @@ func newPointRun(tb testing.TB, subject Subject, deliveries []amqp.Publishing, p
 	cfg.Lease = cmp.Or(cfg.Lease, CrashLease)
 	cfg.Concurrency, cfg.Prefetch = 1, 0
 	if mode == ModeSingle {
-		cfg.GroupSize, cfg.GroupOptimistic = 1, false
+		cfg.Group.Size, cfg.Group.Optimistic = 1, false
 	} else {
-		cfg.GroupSize, cfg.GroupOptimistic = max(2, len(deliveries)), mode == ModeOptimistic
-		cfg.GroupLinger = cmp.Or(cfg.GroupLinger, groupLinger)
+		cfg.Group.Size, cfg.Group.Optimistic = max(2, len(deliveries)), mode == ModeOptimistic
+		cfg.Group.Linger = cmp.Or(cfg.Group.Linger, groupLinger)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -60,7 +60,7 @@ func NewRunner(store *dedup.Store, h consumer.Handler, cfg *consumer.Config) *Ru
 	c.Queue = cmp.Or(c.Queue, DefaultQueue)
 	c.Name = cmp.Or(c.Name, DefaultName)
 	c.URL = cmp.Or(c.URL, placeholderURL)
-	c.GroupSize = 1
+	c.Group.Size = 1
 	return &Runner{store: store, handler: h, cfg: c}
 }
 

@@ -249,7 +249,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	sent := map[string]amqp.Table{} // key hash → headers of paced messages
 	cfg := &consumer.Config{
 		URL: spec.AMQPURL, Queue: spec.Queue, Name: "bench", SkipDeclare: true,
-		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, GroupSize: spec.GroupSize, GroupOptimistic: spec.Optimistic, SeparateReservations: spec.Separate,
+		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, Group: consumer.Group{Size: spec.GroupSize, Optimistic: spec.Optimistic}, SeparateReservations: spec.Separate,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) {
 			sentMu.Lock()
@@ -269,9 +269,9 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 			sentMu.Unlock()
 		}
 	}
-	cfg.GroupLinger = spec.Linger
+	cfg.Group.Linger = spec.Linger
 	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
-		cfg.GroupLinger, _ = time.ParseDuration(v)
+		cfg.Group.Linger, _ = time.ParseDuration(v)
 	}
 	// IDEMQ_BENCH_INDIVIDUAL_ACKS=1 measures the consumer with one ack frame
 	// per delivery (Config.IndividualAcks).

@@ -27,14 +27,14 @@ func TestStageSizesItsGroupsAndRelayBatches(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ccfg := base
-			ccfg.GroupSize = tc.group
+			ccfg.Group.Size = tc.group
 			s, err := New(store, Config{Consumer: ccfg, RoutingKey: "out", Relay: outbox.RelayConfig{BatchSize: tc.relayBatch}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			got := s.consumer.Config()
-			if got.GroupSize != tc.wantGroup || !got.GroupOptimistic {
-				t.Errorf("consumer groups: size %d optimistic %v, want %d optimistic", got.GroupSize, got.GroupOptimistic, tc.wantGroup)
+			if got.Group.Size != tc.wantGroup || !got.Group.Optimistic {
+				t.Errorf("consumer groups: size %d optimistic %v, want %d optimistic", got.Group.Size, got.Group.Optimistic, tc.wantGroup)
 			}
 			if rb := s.relay.Config().BatchSize; rb != tc.wantRB {
 				t.Errorf("relay batch %d, want %d", rb, tc.wantRB)

@@ -57,7 +57,7 @@ const (
 	// running to publish the rows its last handlers committed.
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultGroupSize is the stage's group commit (its consumer's
-	// GroupSize): the handler only queues an outbox row, so a group is cheap
+	// Group.Size): the handler only queues an outbox row, so a group is cheap
 	// whatever its size, and each group is one commit, one COPY of its rows
 	// and one NOTIFY that wakes the relay. With relay batches of 500, groups
 	// of 100 forwarded 1.3 to 1.8 times as many messages a second as the
@@ -74,7 +74,7 @@ type Config struct {
 	// Consumer configures the consumer of the work queue: URL, Queue and
 	// Name are required. Its Logger is used by the whole stage. Its
 	// GroupSize defaults to DefaultGroupSize, and its groups are always
-	// optimistic (GroupOptimistic).
+	// optimistic (Group.Optimistic).
 	Consumer consumer.Config
 	// Exchange is where messages are forwarded ("" is the default exchange).
 	Exchange string
@@ -122,8 +122,8 @@ func New(store *dedup.Store, cfg Config) (*Stage, error) {
 	// The stage's handler writes only its outbox row, in the transaction:
 	// exactly what optimistic groups are for (no savepoint per message; a
 	// group that fails runs again isolated, and its rows count once).
-	ccfg.GroupOptimistic = true
-	ccfg.GroupSize = cmp.Or(ccfg.GroupSize, DefaultGroupSize)
+	ccfg.Group.Optimistic = true
+	ccfg.Group.Size = cmp.Or(ccfg.Group.Size, DefaultGroupSize)
 	next := ccfg.OnOutcome
 	ccfg.OnOutcome = func(ev consumer.Event) {
 		s.mu.Lock()
