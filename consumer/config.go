@@ -266,7 +266,10 @@ type Group struct {
 	Optimistic bool
 }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
+// WithDefaults returns a copy of c with every zero field set to its
+// default: the configuration New runs. NewBatch runs the same but for a
+// zero Group.Size, DefaultBatchGroupSize; Consumer.Config returns what a
+// consumer of either kind runs.
 func (c *Config) WithDefaults() Config { return c.withDefaults(DefaultGroupSize) }
 
 // withDefaults fills the gaps, with groupSize as the default Group.Size
