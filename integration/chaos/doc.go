@@ -67,7 +67,8 @@
 //
 // The faults would break every other test using the same Postgres and
 // RabbitMQ, and go test ./... runs packages in parallel. So by default
-// the soak uses services of its own, created on first use and left running:
+// the soak uses services of its own, created on first use, started when
+// down and stopped again at the end of the test process that started them:
 // a Postgres cluster "15 idemqchaos" on 127.0.0.1:5442 (pg_createcluster)
 // and a RabbitMQ node idemq-chaos@localhost on 127.0.0.1:5682 (data under
 // /var/lib/rabbitmq/idemq-chaos). It needs the Debian postgresql and

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +27,10 @@ import (
 // where other tests share those services (go test ./... runs packages in
 // parallel) that would break them too, so by default the soak runs a
 // Postgres cluster and a RabbitMQ node of its own ("private" services),
-// created on first use and left running for the next run:
+// created on first use (and kept for the next run), started when down and
+// stopped again when the test process ends (stopPrivateServices), so that a
+// run leaves the machine as it found it: one that was running before the
+// run is left running.
 //
 //   - Postgres: cluster "<version> idemqchaos" on 127.0.0.1:5442
 //     (pg_createcluster / pg_ctlcluster, trust authentication);
@@ -78,6 +82,7 @@ func newServices(t *testing.T) *services {
 		s.pg = &pgCluster{version: envOr("IDEMQ_CHAOS_PG_VERSION", "15"), name: privatePGName, port: privatePGPort}
 		s.pg.url = s.pg.localURL()
 		s.rabbit = newPrivateNode(privateRabbitNode, privateAMQPPort, privateDistPort, privateRabbitBase)
+		privateFound.note(s.pg, s.rabbit)
 	case "shared":
 		cluster := strings.Fields(envOr("IDEMQ_CHAOS_PG_CLUSTER", "15 main"))
 		if len(cluster) != 2 {
@@ -112,6 +117,54 @@ func newServices(t *testing.T) *services {
 		t.Fatalf("chaos: %s services are not usable: %v", s.mode, err)
 	}
 	return s
+}
+
+// downAtStart are the private services a test process found down at its
+// first use of them: the ones it started, and stops when it ends.
+type downAtStart struct {
+	sync.Mutex
+	noted  bool
+	pg     *pgCluster  // nil when it answered
+	rabbit *rabbitNode // nil when it answered
+}
+
+var privateFound downAtStart
+
+// note records, the first time only, which of pg and rabbit are down.
+func (f *downAtStart) note(pg *pgCluster, rabbit *rabbitNode) {
+	f.Lock()
+	defer f.Unlock()
+	if f.noted {
+		return
+	}
+	f.noted = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !pg.answers(ctx) {
+		f.pg = pg
+	}
+	if !rabbit.amqpAnswers() {
+		f.rabbit = rabbit
+	}
+}
+
+// stopPrivateServices stops the private services this test process found
+// down and started (TestMain calls it after the tests).
+func stopPrivateServices() error {
+	privateFound.Lock()
+	defer privateFound.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errs []error
+	if n := privateFound.rabbit; n != nil && n.running(ctx) {
+		errs = append(errs, n.stop(ctx))
+	}
+	if p := privateFound.pg; p != nil && p.answers(ctx) {
+		if err := p.ctl(ctx, "stop", "-m", "fast"); err != nil {
+			errs = append(errs, fmt.Errorf("stop Postgres %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // up creates the private services if needed and starts whatever is down,
