@@ -337,5 +337,15 @@ func maybeWorker(ctx context.Context) (bool, error) {
 			}
 		}
 	}
+	// IDEMQ_BENCH_MEMPROFILE=dir writes one allocation profile per worker
+	// there, when the worker ends (go tool pprof -sample_index=alloc_space).
+	if dir := os.Getenv("IDEMQ_BENCH_MEMPROFILE"); dir != "" {
+		defer func() {
+			if f, err := os.CreateTemp(dir, "worker-*.allocs.pprof"); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
+	}
 	return true, runWorker(ctx, spec, os.Stdout)
 }
