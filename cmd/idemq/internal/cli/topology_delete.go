@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -165,22 +166,15 @@ func findTopology(conn *amqp.Connection, t topologyFlags, extraTiers []string) (
 	return found, nil
 }
 
-// queueMessages passively declares queue on a channel of its own (a
-// failed passive declare closes its channel): ok false when it does not
-// exist.
+// queueMessages reports the ready messages of queue (dlq.Inspect, a
+// passive declare on a channel of its own): ok false when it does not exist.
 func queueMessages(conn *amqp.Connection, queue string) (messages int, ok bool, err error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, false, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+	q, err := dlq.Inspect(conn, queue)
+	if errors.Is(err, dlq.ErrNoQueue) {
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("inspect queue %s: %w", queue, err)
+		return 0, false, err
 	}
 	return q.Messages, true, nil
 }
