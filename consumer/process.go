@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/duptrace"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -137,7 +138,6 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 // busy, key reuse) and returns false; for an acquired key it prepares the
 // handler's view of the delivery and returns true.
 func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
-	ctx := it.ctx
 	switch res.Decision {
 	case dedup.Duplicate:
 		it.ev.Outcome = OutcomeDuplicate
@@ -145,7 +145,7 @@ func (c *Consumer) decide(s *session, it *item, res dedup.Reservation) bool {
 		if r := res.Record.Result; r != nil && r.Outcome == dedup.OutcomeRejected {
 			it.ev.RejectReason = r.Reason
 		}
-		c.markDuplicate(ctx, it.span, res.Record)
+		duptrace.Mark(it.span, res.Record)
 		it.ev.ReplyErr = c.reply(s, it, res.Record.Result)
 		c.ack(s, it)
 		return false
@@ -182,21 +182,6 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 	if c.crash != nil {
 		it.del.crash = func(stage kit.Stage, step string, txs ...pgx.Tx) { c.crashAt(stage, step, []*item{it}, txs...) }
 	}
-}
-
-// markDuplicate links the duplicate's span to the processing it duplicated.
-func (c *Consumer) markDuplicate(ctx context.Context, span trace.Span, rec *dedup.Record) {
-	attrs := []attribute.KeyValue{attribute.String("idemq.original.trace_id", rec.TraceID)}
-	if rec.CompletedAt != nil {
-		attrs = append(attrs, attribute.String("idemq.original.completed_at", rec.CompletedAt.UTC().Format(time.RFC3339Nano)))
-	}
-	tid, terr := trace.TraceIDFromHex(rec.TraceID)
-	sid, serr := trace.SpanIDFromHex(rec.SpanID)
-	if terr == nil && serr == nil {
-		link := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
-		span.AddLink(trace.Link{SpanContext: link, Attributes: []attribute.KeyValue{attribute.String("idemq.link", "duplicate_of")}})
-	}
-	span.AddEvent("idemq.duplicate_suppressed", trace.WithAttributes(attrs...))
 }
 
 func derefTime(t *time.Time) time.Time {

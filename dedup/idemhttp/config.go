@@ -10,6 +10,11 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/outbox"
 )
@@ -105,6 +110,20 @@ type Config struct {
 	// failed, a panic). Keys never appear in it; their KeyHash does.
 	// Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider and MeterProvider receive the span of every guarded
+	// request ("idemq request", a child of the request's context: under
+	// the server span of an instrumented server) and the counter
+	// idemq.http.requests by outcome (docs/observability.md, "HTTP front
+	// door"). nil means the global ones.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// Propagator reads the trace context of a request from its headers
+	// (traceparent) when its context carries no span yet (a server
+	// without otelhttp, idemq gateway), so that the trace goes on from the
+	// client through the handler and its outbox messages to the workers.
+	// nil means the global propagator once a program has set one, else W3C
+	// Trace Context + Baggage, as the consumer's.
+	Propagator propagation.TextMapPropagator
 }
 
 // DefaultStored is the default Config.Stored: a response is a result when
@@ -152,6 +171,12 @@ func (c *Config) withDefaults(store *dedup.Store) (Config, error) {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
+	}
+	if out.TracerProvider == nil {
+		out.TracerProvider = otel.GetTracerProvider()
+	}
+	if out.MeterProvider == nil {
+		out.MeterProvider = otel.GetMeterProvider()
 	}
 	return out, out.validate()
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/claim"
+	"github.com/idemq/idemq/internal/duptrace"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 )
@@ -31,6 +32,7 @@ type Middleware struct {
 	cfg           Config
 	omitted       map[string]struct{}
 	storedHeaders map[string]struct{}
+	tel           telemetry
 }
 
 // New returns a middleware over store's keys. A nil cfg is not enough:
@@ -43,7 +45,11 @@ func New(store *dedup.Store, cfg *Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
-	m := &Middleware{store: store, cfg: c, omitted: set(DefaultOmittedHeaders)}
+	tel, err := newTelemetry(c)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	m := &Middleware{store: store, cfg: c, omitted: set(DefaultOmittedHeaders), tel: tel}
 	if c.StoredHeaders != nil {
 		m.storedHeaders = set(c.StoredHeaders)
 		// The replay marker is the middleware's, never the handler's.
@@ -88,6 +94,9 @@ func (m *Middleware) handler(next http.Handler, optional bool) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		o, r, end := m.observe(w, r)
+		defer end()
+		w = o
 		if len(values) > 1 {
 			m.problem(w, http.StatusBadRequest, CodeKeyInvalid, "the "+m.cfg.Header+" header appears more than once", 0)
 			return
@@ -130,6 +139,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	scope := dedup.Scope{Consumer: m.cfg.Consumer, Tenant: tenant, Key: key}
+	keyed(w, scope)
 	c := dedup.Claim{Scope: scope, Fingerprint: fp, Lease: m.cfg.Lease}
 	if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
 		c.TraceID, c.SpanID = sc.TraceID().String(), sc.SpanID().String()
@@ -142,6 +152,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	switch res.Decision {
 	case dedup.Duplicate:
+		duptrace.Mark(trace.SpanFromContext(r.Context()), res.Record)
+		settled(w, OutcomeDuplicate)
 		stored := res.Record.Result
 		send(w, stored.Headers, stored.Code, stored.Response, true)
 		return
@@ -211,6 +223,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	if !st.decide(m.cfg.Stored(status)) {
 		_ = tx.Rollback(finish)
 		m.release(finish, lease, fmt.Sprintf("http_%d", status))
+		settled(w, OutcomeNotStored)
 		send(w, rec.header, status, rec.body.Bytes(), false)
 		return
 	}
@@ -233,6 +246,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.release(finish, lease, "unavailable")
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not commit; retry with the same key", m.cfg.RetryAfter)
 		return
+	}
+	if result.Outcome == dedup.OutcomeRejected {
+		settled(w, OutcomeRejected)
+	} else {
+		settled(w, OutcomeProcessed)
 	}
 	send(w, rec.header, status, rec.body.Bytes(), false)
 }

@@ -36,6 +36,7 @@ type Problem struct {
 
 // problem writes an application/problem+json answer.
 func (m *Middleware) problem(w http.ResponseWriter, status int, code, detail string, retryAfter time.Duration) {
+	answeredProblem(w, code)
 	typ := "about:blank"
 	if m.cfg.DocURL != "" {
 		typ = m.cfg.DocURL + "#" + code

@@ -32,6 +32,7 @@ func (a *app) gatewayCommand() *cobra.Command {
 		hashKeys        bool
 		shutdownTimeout time.Duration
 		drainTimeout    time.Duration
+		metricsAddr     string
 	)
 	cmd := &cobra.Command{
 		Use:   "gateway --listen ADDR --consumer NAME --to-exchange X",
@@ -98,6 +99,11 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 				return err
 			}
 			ctx := cmd.Context()
+			// Traces (a span per guarded request, continuing the client's
+			// traceparent) and metrics, from the OTEL_* variables.
+			if err := a.startTelemetry(ctx, metricsAddr, nil); err != nil {
+				return err
+			}
 			store, err := a.openLeaseStore(ctx, int32(maxConns), lease, hashKeys, toExchange)
 			if err != nil {
 				return err
@@ -140,6 +146,7 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 	f.BoolVar(&hashKeys, "hash-keys", false, "store a SHA-256 of each key instead of the key")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", gateway.DefaultShutdownTimeout, "how long the requests in hand may take after a signal")
 	f.DurationVar(&drainTimeout, "drain-timeout", gateway.DefaultDrainTimeout, "how long the relay keeps publishing the outbox after the server stopped")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics: idemq_http_requests_total and the relay's) are served, e.g. :9090 (default: none; the gateway's own GET /healthz is on --listen)")
 	requireFlags(cmd, "consumer", "to-exchange")
 	return cmd
 }

@@ -36,19 +36,7 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
 	service := "idemq-it-metrics-" + testdb.RandomHex(4)
-	tel, err := telemetry.Setup(context.Background(), telemetry.Options{
-		ServiceName: service, MetricsAddr: "127.0.0.1:0", NoGlobal: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := tel.Shutdown(ctx); err != nil {
-			t.Errorf("telemetry shutdown: %v", err)
-		}
-	})
+	tel := setup(t, telemetry.Options{ServiceName: service, MetricsAddr: "127.0.0.1:0"})
 	scrape := func() map[string]*dto.MetricFamily { return scrapeMetrics(t, "http://"+tel.MetricsAddr()+"/metrics") }
 
 	cfg, events := e.ConsumerConfig("it.metrics", "metered")
