@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/idemhttp"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testenv"
@@ -44,6 +47,110 @@ func TestTracing(t *testing.T) {
 		t.Parallel()
 		testGroupLinks(t, j)
 	})
+	t.Run("one trace from an HTTP client's retry to the worker", func(t *testing.T) {
+		t.Parallel()
+		testTraceFromHTTP(t, j)
+	})
+}
+
+// testTraceFromHTTP follows one key from a client through the HTTP
+// middleware, the outbox and the relay to a worker, in one trace; the
+// client's retry, answered from the store, links to the request that
+// processed the key.
+func testTraceFromHTTP(t *testing.T, j *jaeger) {
+	e := testenv.New(t)
+	service := "idemq-it-http-" + testdb.RandomHex(4)
+	tp := j.tracerProvider(t, service)
+	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	cfg, events := e.ConsumerConfig("it.trace.http", "fulfilment")
+	cfg.TracerProvider = tp
+	e.Run(cfg, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+		return consumer.Response{}, nil
+	})
+	ob, err := outbox.New(e.Pool, &outbox.Config{Schema: e.Schema, Propagator: prop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
+		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: cfg.Logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.RunFunc(relay.Run)
+	mw, err := idemhttp.New(e.Store, &idemhttp.Config{Consumer: "orders-api", Outbox: ob, TracerProvider: tp, Propagator: prop, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := ob.Enqueue(r.Context(), idemhttp.Tx(r), outbox.Message{RoutingKey: cfg.Queue, Body: []byte(`{"order":1}`)}); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	})))
+	t.Cleanup(srv.Close)
+
+	// The client's span starts the trace; it sends the request twice.
+	ctx, client := tp.Tracer("integration").Start(context.Background(), "checkout POST", trace.WithSpanKind(trace.SpanKindClient))
+	for i := range 2 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"order":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(idemhttp.DefaultHeader, "order-http-1")
+		prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted || (resp.Header.Get(idemhttp.ReplayedHeader) == "true") != (i == 1) {
+			t.Fatalf("request %d: %s, replayed %q", i+1, resp.Status, resp.Header.Get(idemhttp.ReplayedHeader))
+		}
+	}
+	client.End()
+	rootTrace := client.SpanContext().TraceID().String()
+	if ev := testenv.WaitOutcome(t, events, consumer.OutcomeProcessed); ev.TraceID != rootTrace {
+		t.Fatalf("the worker's trace %s, want the client's %s", ev.TraceID, rootTrace)
+	}
+	flush(t, tp)
+
+	processName, relayPublish := cfg.Queue+" process", "amq.default publish"
+	tr := j.waitTrace(t, rootTrace, jaegerWait, func(tr jTrace) bool {
+		return len(tr.byName("idemq request")) == 2 && len(tr.byName(relayPublish)) == 1 && len(tr.byName(processName)) == 1
+	})
+	spanByID := map[string]jSpan{}
+	for _, s := range tr.Spans {
+		spanByID[s.SpanID] = s
+	}
+	var first, retry jSpan
+	for _, s := range tr.byName("idemq request") {
+		switch outcome, _ := s.tag("idemq.outcome"); outcome {
+		case "processed":
+			first = s
+		case "duplicate":
+			retry = s
+		}
+	}
+	if first.SpanID == "" || retry.SpanID == "" {
+		t.Fatalf("request spans %+v: want one processed, one duplicate", tr.byName("idemq request"))
+	}
+	// The chain: client → request → relay publish → worker's process.
+	if p := spanByID[first.parent()].OperationName; p != "checkout POST" {
+		t.Errorf("parent of the request span is %q, want the client's span", p)
+	}
+	if p := spanByID[tr.byName(relayPublish)[0].parent()].SpanID; p != first.SpanID {
+		t.Errorf("parent of the relay's publish is %q, want the request that enqueued it %s", spanByID[p].OperationName, first.SpanID)
+	}
+	if p := tr.byName(processName)[0].parent(); p != tr.byName(relayPublish)[0].SpanID {
+		t.Errorf("parent of the worker's process span is %q, want the relay's publish", spanByID[p].OperationName)
+	}
+	// The retry links to the request that processed the key.
+	if !slices.ContainsFunc(retry.References, func(r jRef) bool { return r.RefType == "FOLLOWS_FROM" && r.SpanID == first.SpanID }) {
+		t.Errorf("the retry's references %+v, want FOLLOWS_FROM the processed request %s", retry.References, first.SpanID)
+	}
 }
 
 func testDuplicateLink(t *testing.T, j *jaeger) {
