@@ -14,6 +14,8 @@ type statements struct {
 	headerKeys                                                      string
 	releaseBatch                                                    string
 	stats                                                           string
+	// holds reads, without locking it, whether a lease still holds its key.
+	holds string
 	// The statements of a lease held by the caller's transaction (see
 	// Store.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
@@ -63,6 +65,9 @@ RETURNING locked_until`,
 
 		checkpoint: `UPDATE ` + t + `
 SET recovery_point = $5, recovery_data = $6, steps = array_append(steps, $5), updated_at = now()
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+
+		holds: `SELECT true FROM ` + t + `
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		inspect: `SELECT ` + recordColumns("") + `

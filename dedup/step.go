@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -29,7 +30,10 @@ func (s *Store) Checkpoint(ctx context.Context, tx pgx.Tx, l *Lease, name string
 // transaction, which commits together with the recovery point name (fenced
 // by the lease). If an earlier attempt already committed step name, fn is not
 // run again: a retry resumes after the last committed step. Step names must
-// be unique within an operation.
+// be unique within an operation. A lease that no longer holds its key (taken
+// over, released) does not start fn: Step returns ErrLeaseLost first. The
+// check takes no lock, so a lease lost while fn runs is found by the
+// checkpoint, which rolls fn's transaction back.
 //
 // Work that touches another system inside fn should pass l.DerivedKey(name)
 // to it, so that the other system's own deduplication recognises a retry of
@@ -43,6 +47,9 @@ func (s *Store) Step(ctx context.Context, l *Lease, name string, fn func(ctx con
 		return errHeld("step " + name)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.stillHeld(ctx, tx, l); err != nil {
+			return err
+		}
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
@@ -59,3 +66,17 @@ func (s *Store) Step(ctx context.Context, l *Lease, name string, fn func(ctx con
 // StepDone reports whether step name was committed, by this attempt or an
 // earlier one.
 func (l *Lease) StepDone(name string) bool { return slices.Contains(l.Steps, name) }
+
+// stillHeld returns ErrLeaseLost when l no longer holds its key. It locks
+// nothing: the heartbeat's extension of the row must not wait for a step.
+func (s *Store) stillHeld(ctx context.Context, tx pgx.Tx, l *Lease) error {
+	var held bool
+	err := tx.QueryRow(ctx, s.sql.holds, l.Consumer, l.Tenant, l.stored, l.Token).Scan(&held)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrLeaseLost
+	case err != nil:
+		return interpretError("check lease", err)
+	}
+	return nil
+}

@@ -182,6 +182,12 @@ func TestExpiredLeaseTakenOverAndOldOwnerCannotCommit(t *testing.T) {
 	if err := store.Release(ctx, a, "retried"); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("old owner release: %v, want ErrLeaseLost", err)
 	}
+	// Nor does it start a step: a step's work may reach another system
+	// (a card network) that the transaction's rollback cannot undo.
+	ran := false
+	if err := store.Step(ctx, a, "charge", func(context.Context, pgx.Tx) error { ran = true; return nil }); !errors.Is(err, dedup.ErrLeaseLost) || ran {
+		t.Fatalf("old owner step: %v, its function ran: %v; want ErrLeaseLost before it runs", err, ran)
+	}
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+store.Config().Schema+".ledger").Scan(&n); err != nil {
 		t.Fatal(err)
