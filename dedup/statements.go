@@ -14,7 +14,8 @@ type statements struct {
 	headerKeys                                                      string
 	releaseBatch                                                    string
 	stats                                                           string
-	// holds reads, without locking it, whether a lease still holds its key.
+	// holds reads, without locking it, whether a lease still holds its key
+	// and has time left.
 	holds string
 	// The statements of a lease held by the caller's transaction (see
 	// Store.ReserveTx): the reservation writes the row completed, the
@@ -68,7 +69,8 @@ SET recovery_point = $5, recovery_data = $6, steps = array_append(steps, $5), up
 WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
 
 		holds: `SELECT true FROM ` + t + `
-WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'`,
+WHERE consumer = $1 AND tenant = $2 AND key = $3 AND lease_token = $4 AND state = 'in_progress'
+  AND locked_until > now()`,
 
 		inspect: `SELECT ` + recordColumns("") + `
 FROM ` + t + `

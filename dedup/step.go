@@ -31,9 +31,11 @@ func (s *Store) Checkpoint(ctx context.Context, tx pgx.Tx, l *Lease, name string
 // by the lease). If an earlier attempt already committed step name, fn is not
 // run again: a retry resumes after the last committed step. Step names must
 // be unique within an operation. A lease that no longer holds its key (taken
-// over, released) does not start fn: Step returns ErrLeaseLost first. The
-// check takes no lock, so a lease lost while fn runs is found by the
-// checkpoint, which rolls fn's transaction back.
+// over, released) or whose time ran out (its heartbeat stalled: another
+// worker may take the key over at any moment) does not start fn: Step
+// returns ErrLeaseLost first. The check takes no lock, so a lease lost
+// while fn runs is found by the checkpoint, which rolls fn's transaction
+// back; an external call in fn needs DerivedKey for that case.
 //
 // Work that touches another system inside fn should pass l.DerivedKey(name)
 // to it, so that the other system's own deduplication recognises a retry of
@@ -67,8 +69,9 @@ func (s *Store) Step(ctx context.Context, l *Lease, name string, fn func(ctx con
 // earlier one.
 func (l *Lease) StepDone(name string) bool { return slices.Contains(l.Steps, name) }
 
-// stillHeld returns ErrLeaseLost when l no longer holds its key. It locks
-// nothing: the heartbeat's extension of the row must not wait for a step.
+// stillHeld returns ErrLeaseLost when l no longer holds its key or its time
+// ran out. It locks nothing: the heartbeat's extension of the row must not
+// wait for a step.
 func (s *Store) stillHeld(ctx context.Context, tx pgx.Tx, l *Lease) error {
 	var held bool
 	err := tx.QueryRow(ctx, s.sql.holds, l.Consumer, l.Tenant, l.stored, l.Token).Scan(&held)

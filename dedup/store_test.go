@@ -161,6 +161,12 @@ func TestExpiredLeaseTakenOverAndOldOwnerCannotCommit(t *testing.T) {
 		rec, err := store.Inspect(ctx, dedup.Scope{Consumer: "payments", Key: "pay-5"})
 		return err == nil && !rec.LeaseValid
 	})
+	// Expired, not yet taken over: A does not start a step either, since
+	// another worker may take the key over while the step runs.
+	early := false
+	if err := store.Step(ctx, a, "authorize", func(context.Context, pgx.Tx) error { early = true; return nil }); !errors.Is(err, dedup.ErrLeaseLost) || early {
+		t.Fatalf("step of an expired lease: %v, its function ran: %v; want ErrLeaseLost before it runs", err, early)
+	}
 	b := mustReserve(t, store, claim("pay-5", "body"), dedup.Acquired).Lease
 	if !b.TakenOver || b.Attempts != 2 || b.Token == a.Token {
 		t.Fatalf("takeover: taken over %v, attempts %d, token changed %v", b.TakenOver, b.Attempts, b.Token != a.Token)
