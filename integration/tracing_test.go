@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -71,14 +73,7 @@ func testTraceFromHTTP(t *testing.T, j *jaeger) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
-		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
-		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: cfg.Logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.RunFunc(relay.Run)
+	runTracedRelay(t, e, ob, tp, prop)
 	mw, err := idemhttp.New(e.Store, &idemhttp.Config{Consumer: "orders-api", Outbox: ob, TracerProvider: tp, Propagator: prop, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatal(err)
@@ -282,14 +277,7 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	e.Run(cfgB, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
 		return consumer.Response{}, nil
 	})
-	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
-		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
-		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: cfgA.Logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.RunFunc(relay.Run)
+	runTracedRelay(t, e, ob, tp, prop)
 
 	// The publisher's own span starts the trace.
 	ctx, root := tp.Tracer("integration").Start(context.Background(), "checkout publish", trace.WithSpanKind(trace.SpanKindProducer))
@@ -347,6 +335,19 @@ func testTraceAcrossRelay(t *testing.T, j *jaeger) {
 	}) {
 		t.Errorf("stage 2 has no complete span: spans %q", tr.names())
 	}
+}
+
+// runTracedRelay runs a relay of ob for the test, tracing to tp with prop.
+func runTracedRelay(t *testing.T, e *testenv.Env, ob *outbox.Outbox, tp trace.TracerProvider, prop propagation.TextMapPropagator) {
+	t.Helper()
+	relay, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		TracerProvider: tp, Propagator: prop, PollInterval: 100 * time.Millisecond,
+		ConnectionName: "idemq-test-relay-" + e.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.RunFunc(relay.Run)
 }
 
 // carrier adapts amqp.Table to propagation.TextMapCarrier for the test's publisher.
