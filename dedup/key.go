@@ -3,6 +3,7 @@ package dedup
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"unicode"
 	"unicode/utf8"
@@ -25,6 +26,35 @@ func ValidateKey(key string) error {
 	for i, r := range key {
 		if unicode.IsControl(r) {
 			return fmt.Errorf("%w: control character at byte %d", ErrKeyInvalid, i)
+		}
+	}
+	return nil
+}
+
+// MaxTenantLen is the longest tenant accepted, in bytes, like a key.
+const MaxTenantLen = 255
+
+// ErrTenantInvalid means the tenant is longer than MaxTenantLen bytes, is
+// not valid UTF-8, or contains control characters. The consumer
+// dead-letters such a delivery with reason idempotency_key_invalid; the
+// HTTP middleware (package idemhttp) answers 400 tenant_invalid.
+var ErrTenantInvalid = errors.New("the tenant is invalid")
+
+// ValidateTenant checks a tenant as it arrived (a header, the AMQP
+// user_id, an HTTP request's principal): one rule for every door. The
+// default tenant "" is valid; a tenant longer than MaxTenantLen bytes, not
+// valid UTF-8, or containing control characters wraps ErrTenantInvalid. The
+// error text never contains the tenant itself.
+func ValidateTenant(tenant string) error {
+	if len(tenant) > MaxTenantLen {
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrTenantInvalid, len(tenant), MaxTenantLen)
+	}
+	if !utf8.ValidString(tenant) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrTenantInvalid)
+	}
+	for i, r := range tenant {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: control character at byte %d", ErrTenantInvalid, i)
 		}
 	}
 	return nil

@@ -103,3 +103,35 @@ func TestDerivedKeyAndKeyHash(t *testing.T) {
 		t.Fatalf("key hash %q, want 508a7303bc6c", h)
 	}
 }
+
+// The tenant rule is the one the consumer applies to a delivery's tenant
+// and the HTTP middleware to a request's: a 300-byte tenant is refused by
+// both.
+func TestValidateTenant(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		tenant string
+		ok     bool
+	}{
+		{"default tenant", "", true},
+		{"ordinary", "acme", true},
+		{"unicode", "арбуз", true},
+		{"255 bytes", strings.Repeat("t", dedup.MaxTenantLen), true},
+		{"300 bytes", strings.Repeat("t", 300), false},
+		{"not utf-8", "acme-\xff", false},
+		{"nul", "acme\x00", false},
+		{"tab", "acme\t1", false},
+		{"c1 control", "acme\u0085", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := dedup.ValidateTenant(tc.tenant)
+			if tc.ok != (err == nil) || (err != nil && !errors.Is(err, dedup.ErrTenantInvalid)) {
+				t.Fatalf("ValidateTenant = %v, want ok %v", err, tc.ok)
+			}
+			if err != nil && tc.tenant != "" && strings.Contains(err.Error(), tc.tenant) {
+				t.Fatalf("error text carries the tenant: %v", err)
+			}
+		})
+	}
+}

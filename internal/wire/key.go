@@ -1,17 +1,15 @@
 package wire
 
 import (
-	"errors"
 	"fmt"
-	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/dedup"
 )
 
-// MaxTenantLen bounds a tenant, in bytes, like a key.
-const MaxTenantLen = 255
+// MaxTenantLen bounds a tenant, in bytes: dedup.MaxTenantLen.
+const MaxTenantLen = dedup.MaxTenantLen
 
 // ReadKey returns the delivery's idempotency key as its publisher wrote it: the
 // message_id property, else the header keyHeader (text), else "". A key
@@ -51,17 +49,13 @@ func ReadTenant(d *amqp.Delivery, tenantHeader string, fromUserID bool) (string,
 	return tenant, CheckTenant(tenant)
 }
 
-// CheckTenant refuses a tenant longer than MaxTenantLen bytes, not UTF-8 or
-// holding control characters.
+// CheckTenant applies dedup.ValidateTenant, the one tenant rule of every
+// door (the HTTP middleware applies it too): a tenant longer than
+// MaxTenantLen bytes, not UTF-8 or holding control characters is refused
+// with an error that wraps dedup.ErrTenantInvalid.
 func CheckTenant(tenant string) error {
-	if len(tenant) > MaxTenantLen {
-		return fmt.Errorf("tenant is %d bytes, longer than %d", len(tenant), MaxTenantLen)
-	}
-	if !utf8.ValidString(tenant) {
-		return errors.New("tenant is not valid UTF-8")
-	}
-	if strings.ContainsFunc(tenant, unicode.IsControl) {
-		return errors.New("tenant holds control characters")
+	if err := dedup.ValidateTenant(tenant); err != nil {
+		return fmt.Errorf("check tenant: %w", err)
 	}
 	return nil
 }
