@@ -33,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/idemq/idemq/internal/hostguard"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -58,6 +59,12 @@ type Options struct {
 	// server of its own, until Shutdown. Port 0 picks a free port (see
 	// MetricsAddr).
 	Addr string
+	// AllowHosts are the names, beyond the address Addr listens on and
+	// localhost, that the server on Addr answers to (exactly, or
+	// "*.example.com"); a request whose Host is another name gets 421, so
+	// that a web page whose name is rebound to this host cannot read it.
+	// An IP literal the server listens on is always allowed.
+	AllowHosts []string
 	// Ready is the readiness /healthz reports: 200 while it returns nil,
 	// 503 with the error's text otherwise. nil: always ready.
 	Ready func() error
@@ -161,7 +168,7 @@ func setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	}
 	t.handler = t.newHandler(opts.Ready)
 	if metricsAddr != "" {
-		if err := t.serve(metricsAddr); err != nil {
+		if err := t.serve(metricsAddr, opts.AllowHosts); err != nil {
 			return nil, errors.Join(err, t.Shutdown(context.WithoutCancel(ctx)))
 		}
 	}
@@ -312,12 +319,17 @@ func (t *Telemetry) newHandler(ready func() error) http.Handler {
 	return mux
 }
 
-func (t *Telemetry) serve(addr string) error {
+func (t *Telemetry) serve(addr string, allowHosts []string) error {
+	guard, err := hostguard.New(addr, allowHosts)
+	if err != nil {
+		return fmt.Errorf("metrics server: %w", err)
+	}
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics server: %w", err)
 	}
-	t.srv = &http.Server{Handler: t.handler, ReadHeaderTimeout: 10 * time.Second}
+	t.srv = &http.Server{Handler: guard.Handler(t.handler), ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: time.Minute}
 	t.addr = ln.Addr().String()
 	t.served = make(chan struct{})
 	go func() {
@@ -344,7 +356,9 @@ func (t *Telemetry) TextMapPropagator() propagation.TextMapPropagator { return P
 func (t *Telemetry) TracingEnabled() bool { return t.sdkTP != nil }
 
 // Handler serves GET /metrics (the Prometheus exposition, when on) and GET
-// /healthz (Options.Ready), to mount on the program's own server.
+// /healthz (Options.Ready), to mount on the program's own server. It does
+// not check the request's Host: the program's server does (the server on
+// Options.Addr refuses names other than Options.AllowHosts).
 func (t *Telemetry) Handler() http.Handler { return t.handler }
 
 // MetricsHandler is the Prometheus /metrics handler alone; nil when the

@@ -283,3 +283,40 @@ func get(t *testing.T, url string) (int, string) {
 	}
 	return resp.StatusCode, string(b)
 }
+
+// The server on Addr answers only to the names it may be reached at: a web
+// page whose name is rebound to 127.0.0.1 gets 421, not the metrics.
+func TestAddrRefusesOtherHosts(t *testing.T) {
+	cleanEnv(t, nil)
+	tel := setup(t, idemqotel.Options{Addr: "127.0.0.1:0", AllowHosts: []string{"metrics.internal"}})
+	for host, want := range map[string]int{
+		tel.MetricsAddr():         http.StatusOK,
+		"localhost":               http.StatusOK,
+		"metrics.internal:9090":   http.StatusOK,
+		"rebind.attacker.example": http.StatusMisdirectedRequest,
+		"rebind.attacker.example:" + portOf(tel.MetricsAddr()): http.StatusMisdirectedRequest,
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://"+tel.MetricsAddr()+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+		if want != http.StatusOK && strings.Contains(string(body), "go_goroutines") {
+			t.Errorf("Host %s: metrics served with the refusal", host)
+		}
+	}
+}
+
+func portOf(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return port
+}

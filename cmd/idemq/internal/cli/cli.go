@@ -300,10 +300,25 @@ func nonEmpty(flags *pflag.FlagSet, names ...string) error {
 // stops it when the command returns. ready, when not nil, answers /healthz
 // (see telemetry.HealthHandler).
 func (a *app) startTelemetry(ctx context.Context, metricsAddr string, ready func() error) error {
+	return a.startTelemetryOn(ctx, metricsServer{addr: metricsAddr}, ready)
+}
+
+// metricsServer is where a command serves its metrics: the address
+// (--metrics-addr, "" for none) and the names beyond it and localhost that
+// the server answers to (--allow-host).
+type metricsServer struct {
+	addr       string
+	allowHosts []string
+}
+
+// startTelemetryOn is startTelemetry with the metrics server's allowed
+// host names.
+func (a *app) startTelemetryOn(ctx context.Context, m metricsServer, ready func() error) error {
 	tel, err := telemetry.Setup(ctx, telemetry.Options{
 		ServiceName:    telemetry.DefaultServiceName,
 		ServiceVersion: Version,
-		MetricsAddr:    metricsAddr,
+		MetricsAddr:    m.addr,
+		AllowHosts:     m.allowHosts,
 		Logger:         a.log,
 		Ready:          ready,
 	})

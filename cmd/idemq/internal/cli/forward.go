@@ -18,9 +18,10 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-// metricsFlag registers --metrics-addr.
-func (a *app) metricsFlag(f *pflag.FlagSet, addr *string) {
-	f.StringVar(addr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics) and a readiness check (/healthz: a forwarder answers 503 until it consumes and while it reconnects) are served, e.g. :9090 (default: none)")
+// metricsFlag registers --metrics-addr and --allow-host.
+func (a *app) metricsFlag(f *pflag.FlagSet, m *metricsServer) {
+	f.StringSliceVar(&m.allowHosts, "allow-host", nil, "a host name the metrics server answers to beyond its address and localhost, e.g. worker.internal or *.svc.cluster.local (repeatable; requests naming another host get 421)")
+	f.StringVar(&m.addr, "metrics-addr", "", "host:port where Prometheus metrics (/metrics) and a readiness check (/healthz: a forwarder answers 503 until it consumes and while it reconnects) are served, e.g. :9090 (default: none)")
 }
 
 func (a *app) forwardCommand() *cobra.Command {
@@ -40,7 +41,7 @@ func (a *app) forwardCommand() *cobra.Command {
 		tenantHeader    string
 		keyHeader       string
 		headerKeysFile  string
-		metricsAddr     string
+		metrics         metricsServer
 	)
 	cmd := &cobra.Command{
 		Use:   "forward --queue Q --consumer NAME --to-exchange X",
@@ -121,7 +122,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				}
 				return consumer.ErrNotReady
 			}
-			if err := a.startTelemetry(ctx, metricsAddr, ready); err != nil {
+			if err := a.startTelemetryOn(ctx, metrics, ready); err != nil {
 				return err
 			}
 			ccfg := consumer.Config{
@@ -170,7 +171,7 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "header carrying the tenant of the key")
 	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "header carrying the key of a message without message_id")
 	headerKeysFlag(f, &headerKeysFile)
-	a.metricsFlag(f, &metricsAddr)
+	a.metricsFlag(f, &metrics)
 	requireFlags(cmd, "queue", "consumer", "to-exchange")
 	return cmd
 }
@@ -235,9 +236,9 @@ func (a *app) checkBroker(exchange string) error {
 
 func (a *app) relayCommand() *cobra.Command {
 	var (
-		batch       int
-		poll        time.Duration
-		metricsAddr string
+		batch   int
+		poll    time.Duration
+		metrics metricsServer
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -271,7 +272,7 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			if err := a.checkBroker(""); err != nil {
 				return err
 			}
-			if err := a.startTelemetry(ctx, metricsAddr, nil); err != nil {
+			if err := a.startTelemetryOn(ctx, metrics, nil); err != nil {
 				return err
 			}
 			ob, err := outbox.New(pool, &outbox.Config{Schema: a.schema})
@@ -292,6 +293,6 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 	}
 	cmd.Flags().IntVar(&batch, "batch", outbox.DefaultBatchSize, "rows claimed, published and confirmed together")
 	cmd.Flags().DurationVar(&poll, "poll-interval", outbox.DefaultPollInterval, "how often to look for rows when no notification comes")
-	a.metricsFlag(cmd.Flags(), &metricsAddr)
+	a.metricsFlag(cmd.Flags(), &metrics)
 	return cmd
 }

@@ -43,3 +43,30 @@ func TestHealthzFollowsReady(t *testing.T) {
 		t.Fatalf("/healthz while reconnecting: %d; want 503", code)
 	}
 }
+
+// TestMetricsServerChecksHost: the metrics server answers to its address,
+// localhost and the allowed names, and refuses a rebound name with 421.
+func TestMetricsServerChecksHost(t *testing.T) {
+	cleanEnv(t, nil)
+	tel := setup(t, telemetry.Options{MetricsAddr: "127.0.0.1:0", AllowHosts: []string{"worker.internal"}})
+	for host, want := range map[string]int{
+		tel.MetricsAddr():              http.StatusOK,
+		"localhost":                    http.StatusOK,
+		"worker.internal":              http.StatusOK,
+		"rebind.attacker.example:9090": http.StatusMisdirectedRequest,
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://"+tel.MetricsAddr()+"/healthz", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: /healthz %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}

@@ -33,6 +33,9 @@ type Options struct {
 	// MetricsAddr, when set, is the host:port where /metrics (Prometheus)
 	// and /healthz are served. Port 0 picks a free port: see MetricsAddr.
 	MetricsAddr string
+	// AllowHosts are the names, beyond MetricsAddr's host and localhost,
+	// that the metrics server answers to (--allow-host); others get 421.
+	AllowHosts []string
 	// Ready is what /healthz reports (nil: always ready).
 	Ready func() error
 	// Logger receives OpenTelemetry's internal errors and the metrics
@@ -53,6 +56,7 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 		ServiceName:    cmp.Or(opts.ServiceName, DefaultServiceName),
 		ServiceVersion: opts.ServiceVersion,
 		Addr:           opts.MetricsAddr,
+		AllowHosts:     opts.AllowHosts,
 		Ready:          opts.Ready,
 		NoPrometheus:   opts.MetricsAddr == "",
 		OTLPProtocol:   idemqotel.ProtocolGRPC,
