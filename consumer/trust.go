@@ -22,11 +22,13 @@ func configuredKeys(secrets [][]byte) wire.Keys {
 }
 
 // headerKeys returns the keys that sign and verify idemq's headers:
-// Config.HeaderKeys, else those of the store's schema. A schema without
-// them is a fatal error (it needs `idemq migrate`).
+// Config.HeaderKeys, else those of the store's schema, bound to this
+// consumer's queue and name (wire.Keys.For): its copies are trusted by it
+// alone, not by a stage that finds one in its own queue. A schema without
+// keys is a fatal error (it needs `idemq migrate`).
 func (c *Consumer) headerKeys(ctx context.Context) (wire.Keys, error) {
 	if c.cfg.HeaderKeys != nil {
-		return configuredKeys(c.cfg.HeaderKeys), nil
+		return configuredKeys(c.cfg.HeaderKeys).For(c.cfg.Queue, c.cfg.Name), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
@@ -44,10 +46,11 @@ func (c *Consumer) headerKeys(ctx context.Context) (wire.Keys, error) {
 	if err := ks.Validate(); err != nil {
 		return nil, &fatalError{fmt.Errorf("table %s.header_keys: %w", c.store.Config().Schema, err)}
 	}
-	return ks, nil
+	return ks.For(c.cfg.Queue, c.cfg.Name), nil
 }
 
-// trust reports whether d is a copy idemq wrote: its signature verifies.
+// trust reports whether d is a copy idemq wrote for this consumer: its
+// signature verifies for the consumer's queue and name.
 // From any other delivery it removes every x-idemq-* header, so that
 // nothing reads, forwards or copies what its publisher wrote there.
 func (c *Consumer) trust(d *amqp.Delivery) bool {

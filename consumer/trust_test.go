@@ -165,7 +165,8 @@ func TestForgedAttemptCountsAsFirst(t *testing.T) {
 	})
 }
 
-// schemaKeys are the header keys migrating the harness's schema created.
+// schemaKeys are the header keys migrating the harness's schema created,
+// bound to the harness's queue and consumer name.
 func (h *harness) schemaKeys() wire.Keys {
 	h.t.Helper()
 	keys, err := h.store.HeaderKeys(context.Background())
@@ -176,7 +177,7 @@ func (h *harness) schemaKeys() wire.Keys {
 	for i, k := range keys {
 		out[i] = wire.Key{Secret: k.Secret, SignsFrom: k.SignsFrom}
 	}
-	return out
+	return out.For(h.cfg.Queue, h.cfg.Name)
 }
 
 // TestOnlySignedHeadersAreTrusted publishes copies as idemq writes them
@@ -198,7 +199,7 @@ func TestOnlySignedHeadersAreTrusted(t *testing.T) {
 			ks.Sign(t, id, []byte(body), time.Now())
 			return t
 		}
-		other := wire.Keys{{Secret: []byte("another deployment's key, 32 b.")}}
+		other := wire.Keys{{Secret: []byte("another deployment's key, 32 b.")}}.For(h.cfg.Queue, h.cfg.Name)
 		cases := map[string]amqp.Table{
 			"intact":           copyHeaders("intact", "{}", keys),
 			"attempt altered":  copyHeaders("attempt altered", "{}", keys),
@@ -213,7 +214,7 @@ func TestOnlySignedHeadersAreTrusted(t *testing.T) {
 		cases["attempt altered"][wire.HeaderAttempt] = int32(3)
 		cases["tenant altered"][wire.HeaderTenant] = "mallory"
 		cases["route altered"][wire.HeaderOriginalRoutingKey] = "admin.delete"
-		cases["forged signature"][wire.HeaderSignature] = "v1.ttttttttttttttttttttttttttttttttttttttttttt"
+		cases["forged signature"][wire.HeaderSignature] = "v2.ttttttttttttttttttttttttttttttttttttttttttt"
 		delete(cases["no signature"], wire.HeaderSignature)
 
 		type seen struct {
@@ -283,11 +284,11 @@ func TestConfiguredHeaderKeys(t *testing.T) {
 				if d.Attempt == 1 {
 					return consumer.Response{}, errInfra
 				}
-				retrySigned = wire.Keys{{Secret: newKey}}.Verify(d.Headers, d.MessageID, d.Body)
+				retrySigned = wire.Keys{{Secret: newKey}}.For(h.cfg.Queue, h.cfg.Name).Verify(d.Headers, d.MessageID, d.Body)
 			}
 			return consumer.Response{}, nil
 		})
-		h.publish("old-key", "{}", signed("old-key", wire.Keys{{Secret: oldKey}}))
+		h.publish("old-key", "{}", signed("old-key", wire.Keys{{Secret: oldKey}}.For(h.cfg.Queue, h.cfg.Name)))
 		h.publish("schema-key", "{}", signed("schema-key", h.schemaKeys()))
 		h.publish("fails-once", "{}", nil)
 		h.waitEvents(30*time.Second, "every message processed", func(evs []consumer.Event) bool { return finals(evs) >= 3 })

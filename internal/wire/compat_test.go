@@ -17,9 +17,12 @@ import (
 // had one owner (the consumer's retry and dead-letter copies, idemq dlq
 // replay's copy, idemq forward's headers), for fixed inputs. The copies made
 // now must be the same, byte for byte: messages written then wait in the
-// tiers and DLQs of running deployments.
+// tiers and DLQs of running deployments. One break on purpose: the
+// signature is v2, bound to the queue and consumer it is for (the consumer
+// "payments" of queue "q"); a v1 signature no longer verifies
+// (TestV1SignatureIsNotTrusted, docs/security.md).
 var (
-	goldenKeys  = wire.Keys{{Secret: []byte("a header key of the golden test")}}
+	goldenKeys  = wire.Keys{{Secret: []byte("a header key of the golden test")}}.For("q", "payments")
 	goldenT0    = time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
 	traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -30,7 +33,7 @@ var (
 		"x-idemq-original-exchange":    "orders",
 		"x-idemq-original-routing-key": "orders.created",
 		"x-idemq-tenant":               "acme",
-		"x-idemq-signature":            "v1._HzWnclKaFhPK2MOISmcvcbYXPnat34OWThRJmwqE-M",
+		"x-idemq-signature":            "v2.v31EillH9x22AZSfXXveKFK3LL7UEaVAiWpscjoA1B0",
 	}
 	goldenDead = amqp.Table{
 		"traceparent": traceparent, "x-custom": "kept", "x-tenant-id": "acme",
@@ -42,7 +45,7 @@ var (
 		"x-idemq-original-exchange":    "orders",
 		"x-idemq-original-routing-key": "orders.created",
 		"x-idemq-tenant":               "acme",
-		"x-idemq-signature":            "v1.sb2V16MXvqTkKH5pAOG84VBcfceN8Ko77sJnDu70gWQ",
+		"x-idemq-signature":            "v2.WVQFuQiWHsEw-4Pez_i-csdvWCr1U0WTev20-wYaahs",
 	}
 	goldenReplay = amqp.Table{
 		"traceparent": traceparent, "x-custom": "kept", "x-tenant-id": "acme",
@@ -51,7 +54,7 @@ var (
 		"x-idemq-original-exchange":    "orders",
 		"x-idemq-original-routing-key": "orders.created",
 		"x-idemq-tenant":               "acme",
-		"x-idemq-signature":            "v1.sb2V16MXvqTkKH5pAOG84VBcfceN8Ko77sJnDu70gWQ",
+		"x-idemq-signature":            "v2.WVQFuQiWHsEw-4Pez_i-csdvWCr1U0WTev20-wYaahs",
 	}
 	goldenForward = amqp.Table{"x-custom": "kept", "x-tenant-id": "acme"}
 )

@@ -35,8 +35,9 @@ const (
 	HeaderOutcome        = Prefix + "outcome"
 	HeaderResponseCode   = Prefix + "response-code"
 	HeaderResponseReason = Prefix + "response-reason"
-	// HeaderSignature proves that idemq wrote the signed headers: "v1." and
-	// the unpadded base64url HMAC-SHA256.
+	// HeaderSignature proves that idemq wrote the signed headers for the
+	// queue and consumer that read them (Keys.For): "v2." and the unpadded
+	// base64url HMAC-SHA256.
 	HeaderSignature = Prefix + "signature"
 )
 

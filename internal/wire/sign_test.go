@@ -33,7 +33,7 @@ func signedCopy(ks wire.Keys) amqp.Table {
 func TestSignedCopyVerifies(t *testing.T) {
 	ks := wire.Keys{k1}
 	h := signedCopy(ks)
-	if !strings.HasPrefix(h[wire.HeaderSignature].(string), "v1.") {
+	if !strings.HasPrefix(h[wire.HeaderSignature].(string), "v2.") {
 		t.Fatalf("signature %q", h[wire.HeaderSignature])
 	}
 	if !ks.Verify(h, "m-1", []byte("body")) {
@@ -88,7 +88,7 @@ func TestTamperedCopyDoesNotVerify(t *testing.T) {
 			return "m-1", []byte("body")
 		},
 		"signature unversioned": func(h amqp.Table) (string, []byte) {
-			h[wire.HeaderSignature] = strings.TrimPrefix(h[wire.HeaderSignature].(string), "v1.")
+			h[wire.HeaderSignature] = strings.TrimPrefix(h[wire.HeaderSignature].(string), "v2.")
 			return "m-1", []byte("body")
 		},
 		// Moving a value between fields keeps the bytes, not the encoding.
@@ -171,5 +171,54 @@ func TestStrip(t *testing.T) {
 	}
 	if wire.Strip(nil) != nil {
 		t.Fatal("Strip(nil) != nil")
+	}
+}
+
+// TestSignatureIsBoundToQueueAndConsumer: a copy signed for the consumer A
+// of queue QA verifies there and nowhere else: not for another queue, not
+// for another consumer, not for both, and not for keys bound to no queue.
+func TestSignatureIsBoundToQueueAndConsumer(t *testing.T) {
+	ks := wire.Keys{k1}
+	h := signedCopy(ks.For("QA", "A"))
+	if !strings.HasPrefix(h[wire.HeaderSignature].(string), "v2.") {
+		t.Fatalf("signature %q, want v2.", h[wire.HeaderSignature])
+	}
+	if !ks.For("QA", "A").Verify(h, "m-1", []byte("body")) {
+		t.Fatal("a copy does not verify where it was signed for")
+	}
+	for _, other := range []struct{ queue, consumer string }{
+		{"QB", "B"}, {"QA", "B"}, {"QB", "A"},
+		// The parts are length-prefixed: moving a byte across does not match.
+		{"QAA", ""}, {"Q", "AA"}, {"", "QAA"},
+	} {
+		if ks.For(other.queue, other.consumer).Verify(h, "m-1", []byte("body")) {
+			t.Errorf("a copy signed for QA/A verifies for %s/%s", other.queue, other.consumer)
+		}
+	}
+	if ks.Verify(h, "m-1", []byte("body")) {
+		t.Error("a copy signed for QA/A verifies under keys bound to no queue")
+	}
+	if ks.For("QA", "A").Verify(signedCopy(ks), "m-1", []byte("body")) {
+		t.Error("a copy signed by keys bound to no queue verifies for QA/A")
+	}
+	// Rotation still holds within one binding.
+	both := wire.Keys{k2, k1}.For("QA", "A")
+	if !both.Verify(h, "m-1", []byte("body")) || !(wire.Keys{k2}).For("QA", "A").Verify(signedCopy(both), "m-1", []byte("body")) {
+		t.Error("a bound key list does not verify what one of its keys signed")
+	}
+}
+
+// TestV1SignatureIsNotTrusted: a copy signed before signatures named their
+// queue ("v1.", the golden retry copy of compat_test.go, made by the version
+// before) verifies under no binding of its very key: after the upgrade it is
+// an unsigned copy, a first attempt.
+func TestV1SignatureIsNotTrusted(t *testing.T) {
+	const v1 = "v1._HzWnclKaFhPK2MOISmcvcbYXPnat34OWThRJmwqE-M"
+	h := with(goldenRetry, amqp.Table{wire.HeaderSignature: v1})
+	v1Keys := wire.Keys{{Secret: []byte("a header key of the golden test")}}
+	for _, ks := range []wire.Keys{v1Keys, v1Keys.For("q", "payments"), v1Keys.For("", "")} {
+		if ks.Verify(h, "op-1", []byte(`{"amount":5}`)) {
+			t.Errorf("a v1 signature verifies")
+		}
 	}
 }

@@ -133,7 +133,7 @@ func TestSignedOriginalRoutingKeyIsKept(t *testing.T) {
 	key := []byte("the header key of this test stage")
 	e := runStage(t, func(c *consumer.Config) { c.HeaderKeys = [][]byte{key} })
 	h := amqp.Table{wire.HeaderAttempt: int32(2), wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalRoutingKey: "orders.created"}
-	wire.Keys{{Secret: key}}.Sign(h, "retried-1", []byte("{}"), time.Now())
+	wire.Keys{{Secret: key}}.For(e.queue, "forwarder").Sign(h, "retried-1", []byte("{}"), time.Now())
 	testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{MessageId: "retried-1", Body: []byte("{}"), Headers: h})
 	d := e.next()
 	if d.RoutingKey != "orders.created" || d.MessageId != "retried-1" {
@@ -142,6 +142,36 @@ func TestSignedOriginalRoutingKeyIsKept(t *testing.T) {
 	for k := range d.Headers {
 		if wire.IsIdemq(k) {
 			t.Errorf("forwarded with idemq's header %s", k)
+		}
+	}
+}
+
+// TestOriginalRoutingKeySignedForAnotherStageDoesNotSteer: a copy signed
+// with the stage's own key, but for another stage (another queue, or another
+// consumer name on this queue), as a dead letter of stage A moved into stage
+// B's queue is: the stage forwards it with the routing key it was published
+// with, not the one A's signed headers record.
+func TestOriginalRoutingKeySignedForAnotherStageDoesNotSteer(t *testing.T) {
+	t.Parallel()
+	key := []byte("the header key shared by two stages")
+	e := runStage(t, func(c *consumer.Config) { c.HeaderKeys = [][]byte{key} })
+	for id, ks := range map[string]wire.Keys{
+		"other-queue": wire.Keys{{Secret: key}}.For(e.queue+".stage-a", "forwarder"),
+		"other-name":  wire.Keys{{Secret: key}}.For(e.queue, "stage-a"),
+	} {
+		h := amqp.Table{wire.HeaderAttempt: int32(1), wire.HeaderOriginalExchange: "a", wire.HeaderOriginalRoutingKey: "stage-a.only"}
+		ks.Sign(h, id, []byte("{}"), time.Now())
+		testamqp.Publish(t, e.pub, "", e.queue, amqp.Publishing{MessageId: id, Body: []byte("{}"), Headers: h})
+	}
+	for range 2 {
+		d := e.next()
+		if d.RoutingKey != e.queue {
+			t.Errorf("forwarded %q with routing key %q, want %q (its headers were signed for another stage)", d.MessageId, d.RoutingKey, e.queue)
+		}
+		for k := range d.Headers {
+			if wire.IsIdemq(k) {
+				t.Errorf("forwarded %q with idemq's header %s", d.MessageId, k)
+			}
 		}
 	}
 }
