@@ -40,10 +40,13 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/idemq/idemq/cmd/idemq/internal/relayrun"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/idemhttp"
+	"github.com/idemq/idemq/internal/hostguard"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -51,22 +54,58 @@ import (
 const (
 	DefaultDrainTimeout    = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultReadTimeout bounds the reading of a whole request, body
+	// included: a client that never finishes its body is cut after it.
+	DefaultReadTimeout = 30 * time.Second
+	// DefaultReadHeaderTimeout bounds the reading of a request's headers.
+	DefaultReadHeaderTimeout = 10 * time.Second
+	// DefaultIdleTimeout bounds how long a kept-alive connection waits for
+	// its next request.
+	DefaultIdleTimeout = time.Minute
+	// DefaultMaxClients bounds the connections served at once; more wait
+	// in the listen backlog until one closes.
+	DefaultMaxClients = 256
 )
 
 // Config configures a Gateway.
 type Config struct {
 	// Consumer scopes the gateway's keys (required).
 	Consumer string
-	// Exchange and RoutingKey are where messages go; a request's
-	// routing_key query parameter overrides RoutingKey.
-	Exchange, RoutingKey string
+	// Exchange is the exchange messages go to ("" is the default
+	// exchange, which routes by queue name).
+	Exchange string
+	// RoutingKey is the routing key of a request that names none in its
+	// routing_key query parameter. With the default exchange, a request
+	// with no routing key at all is refused (400).
+	RoutingKey string
+	// AllowRoutingKeys are the patterns of the other routing keys a
+	// request may name in ?routing_key=, written as a topic exchange's
+	// binding keys: words separated by dots, "*" for exactly one word, "#"
+	// for zero or more ("orders.*", "audit.#"). Nil: a request may name
+	// RoutingKey only. Any other routing key gets 403 before the request's
+	// key is reserved. The list holds for every tenant.
+	AllowRoutingKeys []string
+	// Listen is the address the gateway listens on, as given to
+	// net.Listen ("127.0.0.1:8080", ":8443", "gw.internal:8443"). With
+	// AllowHosts it decides the Host headers the gateway answers to (the
+	// defence against DNS rebinding of internal/hostguard: the listen
+	// address, localhost, IP literals it is reached at); any other Host
+	// gets 421 on every route. Default: the address of the listener Serve
+	// is given.
+	Listen string
+	// AllowHosts are the other names the gateway answers to, exactly or
+	// as "*.example.com" (names under example.com); an item may list
+	// several, separated by commas.
+	AllowHosts []string
 	// Tokens maps bearer tokens to tenants (see ReadTokens). When set, a
 	// request without a known token gets 401.
 	Tokens map[string]string
 	// TenantHeader, when set and Tokens is not, is the request header the
 	// tenant is read from. Only for deployments where every client is trusted.
 	TenantHeader string
-	// AMQPURL is the broker the relay publishes to.
+	// AMQPURL is the broker the relay publishes to. The gateway starts and
+	// accepts requests whether it answers or not; the relay publishes once
+	// it does.
 	AMQPURL string
 	// Relay configures the relay.
 	Relay outbox.RelayConfig
@@ -78,6 +117,24 @@ type Config struct {
 	// key, with the request's transaction (instrumentation; the demo slows
 	// some requests down with it).
 	Around func(http.Handler) http.Handler
+	// ReadTimeout bounds the reading of a request, headers and body.
+	// Default DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// ReadHeaderTimeout bounds the reading of its headers. Default
+	// DefaultReadHeaderTimeout (never more than ReadTimeout).
+	ReadHeaderTimeout time.Duration
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its answer. Default: ReadTimeout plus the middleware's handler
+	// Timeout plus 10s, so that it never cuts a request the middleware
+	// would still answer.
+	WriteTimeout time.Duration
+	// IdleTimeout bounds how long a kept-alive connection waits for its
+	// next request. Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxClients bounds the connections served at once (idle kept-alive
+	// ones included); the next waits until one closes. Default
+	// DefaultMaxClients.
+	MaxClients int
 	// DrainTimeout bounds the final flush of the outbox at shutdown.
 	DrainTimeout time.Duration
 	// ShutdownTimeout bounds how long the requests in hand may take after
@@ -87,6 +144,33 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.ReadHeaderTimeout = min(cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout), c.ReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, c.ReadTimeout+cmp.Or(c.Middleware.Timeout, idemhttp.DefaultTimeout)+10*time.Second)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxClients = cmp.Or(c.MaxClients, DefaultMaxClients)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Consumer == "":
+		return errors.New("empty consumer name")
+	case c.ReadTimeout < 0 || c.ReadHeaderTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:
+		return errors.New("a negative timeout")
+	case c.MaxClients < 1:
+		return fmt.Errorf("max clients %d: want at least 1", c.MaxClients)
+	}
+	return nil
+}
+
 // Gateway is the HTTP front door: the middleware, the /messages handler
 // and the relay of its outbox.
 type Gateway struct {
@@ -94,6 +178,7 @@ type Gateway struct {
 	store  *dedup.Store
 	outbox *outbox.Outbox
 	relay  *outbox.Relay
+	routes *routes
 	mux    *http.ServeMux
 	log    *slog.Logger
 	tokens map[[32]byte]string
@@ -105,19 +190,25 @@ func New(store *dedup.Store, cfg Config) (*Gateway, error) {
 	if store == nil {
 		return nil, errors.New("gateway: nil store")
 	}
-	if cfg.Consumer == "" {
-		return nil, errors.New("gateway: empty consumer name")
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, DefaultDrainTimeout)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	rt, err := newRoutes(cfg.Exchange, cfg.RoutingKey, cfg.AllowRoutingKeys)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if cfg.Listen != "" {
+		// Checked here, where a bad name is the caller's to fix.
+		if _, err := hostguard.New(cfg.Listen, cfg.AllowHosts); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
 	}
 	ob, err := outbox.New(store.Pool(), &outbox.Config{Schema: store.Config().Schema})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g := &Gateway{cfg: cfg, store: store, outbox: ob, log: cfg.Logger.With("consumer", cfg.Consumer, "to_exchange", cfg.Exchange)}
+	g := &Gateway{cfg: cfg, store: store, outbox: ob, routes: rt, log: cfg.Logger.With("consumer", cfg.Consumer, "to_exchange", cfg.Exchange)}
 	if cfg.Tokens != nil {
 		// Looked up by hash, so that the lookup's time says nothing of
 		// how much of a guessed token matches a real one.
@@ -149,24 +240,32 @@ func New(store *dedup.Store, cfg Config) (*Gateway, error) {
 	if cfg.Around != nil {
 		accept = cfg.Around(accept)
 	}
-	g.mux.Handle("POST /messages", mw.Require(accept))
+	g.mux.Handle("POST /messages", g.route(mw.Require(accept)))
 	g.mux.HandleFunc("GET /healthz", g.healthz)
 	return g, nil
 }
 
-// Handler returns the gateway's HTTP handler (POST /messages, GET /healthz).
-func (g *Gateway) Handler() http.Handler { return g.mux }
-
 var errNoToken = errors.New("no known bearer token")
+
+// bearer is the token of an "Authorization: Bearer TOKEN" header; the
+// scheme is matched without regard to case (RFC 9110, 11.1).
+func bearer(authorization string) (string, bool) {
+	scheme, tok, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
 
 // tenant is the tenant of a request: its token's, its tenant header's, or "".
 func (g *Gateway) tenant(r *http.Request) (string, error) {
 	if g.tokens != nil {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		tok, ok := bearer(r.Header.Get("Authorization"))
 		if !ok {
 			return "", errNoToken
 		}
-		tenant, ok := g.tokens[sha256.Sum256([]byte(strings.TrimSpace(tok)))]
+		tenant, ok := g.tokens[sha256.Sum256([]byte(tok))]
 		if !ok {
 			return "", errNoToken
 		}
@@ -198,7 +297,7 @@ func (g *Gateway) accept(w http.ResponseWriter, r *http.Request) {
 	}
 	msg := outbox.Message{
 		Exchange:    g.cfg.Exchange,
-		RoutingKey:  cmp.Or(r.URL.Query().Get("routing_key"), g.cfg.RoutingKey),
+		RoutingKey:  routingKey(r),
 		Body:        body,
 		ContentType: r.Header.Get("Content-Type"),
 		MessageID:   key,
@@ -231,11 +330,21 @@ func (g *Gateway) healthz(w http.ResponseWriter, r *http.Request) {
 
 // Serve serves on ln, with the relay running beside, until ctx ends; then
 // it stops taking requests, lets those in hand finish (ShutdownTimeout),
-// flushes the outbox (DrainTimeout) and returns nil.
+// flushes the outbox (DrainTimeout) and returns nil. Every request passes
+// the Host check first (Config.Listen, else ln's address, and AllowHosts);
+// at most MaxClients connections of ln are served at once.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	guard, err := hostguard.New(cmp.Or(g.cfg.Listen, ln.Addr().String()), g.cfg.AllowHosts)
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	ln = netutil.LimitListener(ln, g.cfg.MaxClients)
 	srv := &http.Server{
-		Handler:           g.mux,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler:           guard.Handler(g.mux),
+		ReadTimeout:       g.cfg.ReadTimeout,
+		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
+		WriteTimeout:      g.cfg.WriteTimeout,
+		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 	}
 	work := func(ctx context.Context) error {
@@ -259,7 +368,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	if g.relay == nil {
 		return work(ctx)
 	}
-	err := relayrun.Run(ctx, g.outbox, g.relay, g.cfg.DrainTimeout, g.log, work)
+	err = relayrun.Run(ctx, g.outbox, g.relay, g.cfg.DrainTimeout, g.log, work)
 	g.log.Info("stopped")
 	return err
 }
