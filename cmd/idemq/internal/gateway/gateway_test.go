@@ -306,7 +306,9 @@ func TestGatewayAnswersOnlyItsOwnHost(t *testing.T) {
 	}
 }
 
-func testdbSafe(s string) string { return strings.NewReplacer(":", "-", ".", "-").Replace(cmp.Or(s, "self")) }
+func testdbSafe(s string) string {
+	return strings.NewReplacer(":", "-", ".", "-").Replace(cmp.Or(s, "self"))
+}
 
 // A request may name only a routing key the configuration allows (by
 // default RoutingKey alone); another is refused with a problem body before
