@@ -10,7 +10,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Cookie names.
@@ -23,11 +26,10 @@ const (
 	maxForm = 1 << 20
 )
 
-// secrets are what the server checks requests against: the session cookie's
-// value (derived from the token) and the key CSRF tokens are made with.
+// secrets are what the server checks requests against: the token and the
+// key CSRF tokens are made with.
 type secrets struct {
 	token   string
-	session string
 	csrfKey []byte
 }
 
@@ -36,25 +38,31 @@ func newSecrets(token string) (secrets, error) {
 	if _, err := rand.Read(s.csrfKey); err != nil {
 		return s, fmt.Errorf("csrf key: %w", err)
 	}
-	if token != "" {
-		m := hmac.New(sha256.New, []byte(token))
-		m.Write([]byte("idemq ui session"))
-		s.session = hex.EncodeToString(m.Sum(nil))
-	}
 	return s, nil
 }
 
-// authenticated reports whether r carries the token (bearer) or the session
-// cookie; always true when no token is configured.
+// bearer returns the credentials of r's Authorization header when its
+// scheme is Bearer, in any case (RFC 9110, section 11.1).
+func bearer(r *http.Request) (string, bool) {
+	scheme, cred, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(cred), true
+}
+
+// authenticated reports whether r carries the token (bearer) or the cookie
+// of a live session; always true when no token is configured. A bearer
+// token decides alone: a wrong one is not saved by a cookie.
 func (s *Server) authenticated(r *http.Request) bool {
 	if s.secrets.token == "" {
 		return true
 	}
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return equal(strings.TrimSpace(bearer), s.secrets.token)
+	if cred, ok := bearer(r); ok {
+		return equal(cred, s.secrets.token)
 	}
 	c, err := r.Cookie(sessionCookie)
-	return err == nil && equal(c.Value, s.secrets.session)
+	return err == nil && s.sessions.valid(c.Value)
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -67,7 +75,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.Method == http.MethodGet && r.Header.Get("Authorization") == "" {
+		if _, ok := bearer(r); r.Method == http.MethodGet && !ok {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -147,21 +155,135 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, http.StatusUnauthorized, "login", "Log in", loginView{Next: next, Failed: true})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.secrets.session, Path: "/", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	// A login is a new session: one the browser had before ends.
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s.sessions.end(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.start(), Path: "/",
+		MaxAge: int(sessionLifetime / time.Second), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout ends the browser's session on the server, so that its cookie, kept
+// or copied, opens nothing any more.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s.sessions.end(c.Value)
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// localPath keeps a redirect target on this server: a path, not a URL.
-func localPath(p string) string {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(p, "/\\") {
+// localPath returns next, cleaned, when it is a path on this server, and
+// "/" otherwise: it is the one check of every redirect target the UI is
+// given (the login's next).
+//
+// A browser reads a Location header more loosely than Go does (the WHATWG
+// URL parser): it trims C0 controls and spaces around it, removes tabs and
+// newlines in it, reads \ as /, and resolves dot segments; "/<TAB>/evil" or
+// "/./\evil" become "//evil", another host. So next is refused when it holds
+// anything but printable ASCII or a backslash, or is not a path-only
+// reference (no scheme, host, user or opaque part); the result is built from
+// the cleaned path (one leading slash, no dot segments, a trailing slash
+// kept) and the query re-encoded, and checked once more.
+func localPath(next string) string {
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
 		return "/"
 	}
-	return p
+	p := path.Clean(u.Path)
+	if strings.HasSuffix(u.Path, "/") && p != "/" {
+		p += "/"
+	}
+	out := (&url.URL{Path: p, RawQuery: u.Query().Encode()}).String()
+	if !strings.HasPrefix(out, "/") || strings.HasPrefix(out, "//") || strings.Contains(out, `\`) {
+		return "/"
+	}
+	return out
+}
+
+// Session limits. A session ends at logout, sessionIdle after its last
+// request, sessionLifetime after its login, or when the UI stops: sessions
+// are held in the server's memory only.
+const (
+	sessionLifetime = 12 * time.Hour
+	sessionIdle     = time.Hour
+	// maxSessions bounds the sessions held; a login beyond it ends the oldest.
+	maxSessions = 1000
+)
+
+// sessions are the logged-in browsers, by the random id of their cookie.
+type sessions struct {
+	now func() time.Time
+
+	mu   sync.Mutex
+	byID map[string]*session
+}
+
+type session struct {
+	started, used time.Time
+}
+
+func newSessions(now func() time.Time) *sessions {
+	return &sessions{now: now, byID: map[string]*session{}}
+}
+
+// start begins a session and returns its id: 32 random bytes, hex.
+func (ss *sessions) start() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read does not fail (Go 1.24)
+	id := hex.EncodeToString(b)
+	now := ss.now()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for id, s := range ss.byID {
+		if s.expired(now) {
+			delete(ss.byID, id)
+		}
+	}
+	for len(ss.byID) >= maxSessions {
+		oldest := ""
+		for id, s := range ss.byID {
+			if oldest == "" || s.started.Before(ss.byID[oldest].started) {
+				oldest = id
+			}
+		}
+		delete(ss.byID, oldest)
+	}
+	ss.byID[id] = &session{started: now, used: now}
+	return id
+}
+
+// valid reports whether id is a live session's, and counts a use of it.
+func (ss *sessions) valid(id string) bool {
+	now := ss.now()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s, ok := ss.byID[id]
+	if !ok {
+		return false
+	}
+	if s.expired(now) {
+		delete(ss.byID, id)
+		return false
+	}
+	s.used = now
+	return true
+}
+
+// end ends the session id, if there is one.
+func (ss *sessions) end(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.byID, id)
+}
+
+func (s *session) expired(now time.Time) bool {
+	return now.Sub(s.started) >= sessionLifetime || now.Sub(s.used) >= sessionIdle
 }

@@ -57,6 +57,8 @@ type env struct {
 	ch     *amqp.Channel
 	srv    *httptest.Server
 	client *http.Client
+	// cfg is the UI's config, for a test that starts another server on it.
+	cfg ui.Config
 }
 
 func newEnv(t *testing.T, edit func(*ui.Config)) *env {
@@ -94,6 +96,7 @@ func newEnv(t *testing.T, edit func(*ui.Config)) *env {
 	if edit != nil {
 		edit(&cfg)
 	}
+	e.cfg = cfg
 	s, err := ui.New(cfg)
 	if err != nil {
 		t.Fatal(err)

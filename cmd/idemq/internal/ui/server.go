@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/hostguard"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 )
@@ -28,6 +29,9 @@ const (
 	DefaultRefresh     = 10 * time.Second
 	DefaultLetterLimit = 500
 	DefaultBodyLimit   = 4096
+	// DefaultListen is the address the server listens on, where
+	// Config.Listen leaves it empty.
+	DefaultListen = "127.0.0.1:8089"
 )
 
 // Queue is a work queue the UI shows, with the consumer scope its messages
@@ -52,6 +56,17 @@ type Config struct {
 	Queues []Queue
 	// JaegerURL, when set, links a key's first processing to its trace.
 	JaegerURL string
+	// Listen is the address the server listens on (host:port, as given to
+	// net.Listen). With AllowHosts it decides which Host values the server
+	// answers to, against DNS rebinding (package hostguard): its IP (any
+	// loopback IP for a loopback address, any IP for every interface), its
+	// host name, and localhost. Default DefaultListen.
+	Listen string
+	// AllowHosts are host names beyond those of Listen that the server
+	// answers to, each exact ("ui.example.com") or a wildcard for the names
+	// under a domain ("*.example.com"); a value may be a comma-separated
+	// list. A request naming another host gets 421 Misdirected Request.
+	AllowHosts []string
 	// Token, when set, is required of every request (bearer or session
 	// cookie set by the login form).
 	Token string
@@ -89,8 +104,11 @@ type Server struct {
 	queues  map[string]Queue
 	pages   map[string]*template.Template
 	handler http.Handler
+	guard   *hostguard.Guard
 	secrets secrets
-	log     *slog.Logger
+	// sessions are the browsers logged in with the token.
+	sessions *sessions
+	log      *slog.Logger
 
 	connMu sync.Mutex
 	conn   *amqp.Connection
@@ -112,9 +130,13 @@ func New(cfg Config) (*Server, error) {
 	cfg.BodyLimit = cmp.Or(cfg.BodyLimit, DefaultBodyLimit)
 	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, consumer.DefaultKeyHeader)
 	cfg.TenantHeader = cmp.Or(cfg.TenantHeader, consumer.DefaultTenantHeader)
+	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	s := &Server{cfg: cfg, queues: map[string]Queue{}, log: cmp.Or(cfg.Logger, slog.Default()),
-		jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
+		sessions: newSessions(time.Now), jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
 	var err error
+	if s.guard, err = hostguard.New(cfg.Listen, cfg.AllowHosts); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
 	if s.store, err = dedup.NewStore(cfg.Pool, &dedup.Config{Schema: cfg.Schema, HashKeys: cfg.HashKeys}); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
@@ -168,7 +190,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /outbox/unpark/confirm", s.changing(s.unparkConfirm))
 	mux.HandleFunc("POST /outbox/unpark", s.changing(s.unpark))
 	cop := http.NewCrossOriginProtection()
-	return securityHeaders(cop.Handler(s.authenticate(s.checkCSRF(mux))))
+	// The Host check comes first: a page of another name (rebound to this
+	// address) is answered nothing, not even the login page or a style sheet.
+	return s.guard.Handler(securityHeaders(cop.Handler(s.authenticate(s.checkCSRF(mux)))))
 }
 
 // changing marks a handler that changes state: refused when read-only.
