@@ -8,6 +8,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/internal/msgspan"
 )
 
 // FuzzTraceContext feeds the W3C trace context extraction of a delivery's
@@ -32,7 +34,7 @@ func FuzzTraceContext(f *testing.F) {
 		case 2:
 			h["traceparent"], h["tracestate"] = int32(len(traceparent)), amqp.Table{"x": tracestate}
 		}
-		ctx := prop.Extract(context.Background(), headerCarrier(h))
+		ctx := prop.Extract(context.Background(), msgspan.Headers(h))
 		sc := trace.SpanContextFromContext(ctx)
 		if !sc.IsValid() {
 			return
@@ -46,8 +48,8 @@ func FuzzTraceContext(f *testing.F) {
 		}
 		// Injected again into a copy's headers, it reads back the same.
 		out := amqp.Table{}
-		prop.Inject(ctx, headerCarrier(out))
-		back := trace.SpanContextFromContext(prop.Extract(context.Background(), headerCarrier(out)))
+		prop.Inject(ctx, msgspan.Headers(out))
+		back := trace.SpanContextFromContext(prop.Extract(context.Background(), msgspan.Headers(out)))
 		if back.TraceID() != sc.TraceID() || back.SpanID() != sc.SpanID() || back.TraceFlags() != sc.TraceFlags() {
 			t.Fatalf("round trip %v != %v", back, sc)
 		}

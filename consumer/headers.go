@@ -54,20 +54,3 @@ func (c *Consumer) keyOf(d *amqp.Delivery) (string, error) {
 	return key, nil
 }
 
-// headerCarrier adapts amqp.Table to OpenTelemetry's TextMapCarrier.
-type headerCarrier amqp.Table
-
-func (c headerCarrier) Get(key string) string {
-	s, _ := wire.String(amqp.Table(c)[key])
-	return s
-}
-
-func (c headerCarrier) Set(key, value string) { c[key] = value }
-
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
-}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/duptrace"
+	"github.com/idemq/idemq/internal/msgspan"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -48,7 +49,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 	if verified {
 		attempt = wire.ParseAttempt(d.Headers)
 	}
-	parent := c.prop.Extract(ctx, headerCarrier(d.Headers))
+	parent := c.prop.Extract(ctx, msgspan.Headers(d.Headers))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(

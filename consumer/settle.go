@@ -10,10 +10,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/msgspan"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -209,11 +209,8 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, headers amqp.Table, spanName string) (ok bool) {
 	ctx, d := it.ctx, it.d
 	msg := c.replacement(d, it.ev, headers)
-	pctx, span := c.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("messaging.system", "rabbitmq"),
-			attribute.String("messaging.operation.type", "publish"),
-			attribute.String("messaging.destination.name", exchange+key)))
-	c.prop.Inject(pctx, headerCarrier(msg.Headers))
+	pctx, span := msgspan.StartPublish(ctx, c.tracer, msgspan.Publish{Name: spanName, Exchange: exchange, RoutingKey: key, MessageID: d.MessageId})
+	c.prop.Inject(pctx, msgspan.Headers(msg.Headers))
 	budget := s.pub.FrameMax()
 	if budget > 0 && exchange != c.topo.DLX {
 		// A retry copy comes back through the broker's dead-lettering,

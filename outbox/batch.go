@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/msgspan"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -322,13 +323,9 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) (pubs [
 		if headers == nil {
 			headers = amqp.Table{}
 		}
-		spanCtx, span := r.startSpan(ctx, w)
+		spanCtx, span := r.startSpan(ctx, w, headers)
 		p.span = span
-		carrier := propagation.MapCarrier{}
-		r.prop.Inject(spanCtx, carrier)
-		for k, v := range carrier {
-			headers[k] = v
-		}
+		r.prop.Inject(spanCtx, msgspan.Headers(headers))
 		sent, err := s.Publisher().Publish(ctx, w.exchange, w.routingKey, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     w.contentType,
@@ -357,25 +354,21 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) (pubs [
 	return pubs, nil
 }
 
-func (r *Relay) startSpan(ctx context.Context, w *row) (context.Context, trace.Span) {
+func (r *Relay) startSpan(ctx context.Context, w *row, headers amqp.Table) (context.Context, trace.Span) {
+	// The row's W3C columns first, then the relay's propagator over the
+	// row's headers, where Enqueue put the rest of its carrier (B3, Jaeger,
+	// baggage): a context found there wins.
 	parent := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
 		"traceparent": w.traceparent, "tracestate": w.tracestate,
 	})
-	dest := w.exchange
-	if dest == "" {
-		dest = "amq.default"
-	}
-	return r.tracer.Start(parent, dest+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "rabbitmq"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.destination.name", dest),
-			attribute.String("messaging.rabbitmq.destination.routing_key", w.routingKey),
-			attribute.String("messaging.message.id", w.messageID),
+	parent = r.prop.Extract(parent, msgspan.Headers(headers))
+	return msgspan.StartPublish(parent, r.tracer, msgspan.Publish{
+		Exchange: w.exchange, RoutingKey: w.routingKey, MessageID: w.messageID,
+		Attributes: []attribute.KeyValue{
 			attribute.Int64("idemq.outbox.id", w.id),
 			attribute.Int("idemq.outbox.attempt", w.attempts+1),
-		))
+		},
+	})
 }
 
 // awaitConfirms waits for the result of every publish of the batch (its

@@ -27,8 +27,9 @@
 // it with their own idempotency keys. No public function sets a claim, so no
 // code can produce another operation's ids. Without a claim a message gets a
 // random UUID, fixed in the row, so re-publishes of that row still carry the
-// same id. The caller's trace context (W3C traceparent/tracestate) is stored
-// with the row.
+// same id. The caller's trace context, as Config.Propagator writes it, is
+// stored with the row (traceparent and tracestate in columns, the rest of
+// the carrier among its headers), and the relay's publish span continues it.
 //
 // # Relay
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strings"
 
@@ -59,8 +60,10 @@ type Config struct {
 	Schema string
 	// Propagator injects the caller's trace context into each row. Default:
 	// the global propagator once a program has set one, else W3C
-	// TraceContext + Baggage. Only its traceparent and tracestate fields are
-	// stored, so it should speak W3C Trace Context.
+	// TraceContext + Baggage. Its whole carrier is kept: traceparent and
+	// tracestate in columns of their own, every other field (baggage, B3,
+	// Jaeger) among the row's headers. Give the relay the same propagator
+	// (RelayConfig.Propagator) so that it reads them back.
 	Propagator propagation.TextMapPropagator
 	// MeterProvider makes the metrics of GC (idemq.gc.*, see
 	// docs/observability.md). Default otel.GetMeterProvider(). A Relay
@@ -229,17 +232,7 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 			m.MessageID = uuid.NewString()
 		}
 	}
-	headers, err := encodeHeaders(m.Headers)
-	if err != nil {
-		return nil, err
-	}
-	var hdr, orderingKey, traceparent, tracestate any
-	if headers != nil {
-		hdr = headers
-	}
-	if m.OrderingKey != "" {
-		orderingKey = m.OrderingKey
-	}
+	var traceparent, tracestate any
 	carrier := propagation.MapCarrier{}
 	propagator.Or(o.cfg.Propagator).Inject(ctx, carrier)
 	if v := carrier["traceparent"]; v != "" {
@@ -247,6 +240,30 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 	}
 	if v := carrier["tracestate"]; v != "" {
 		tracestate = v
+	}
+	delete(carrier, "traceparent")
+	delete(carrier, "tracestate")
+	if len(carrier) > 0 {
+		// The rest of the propagator's carrier (baggage, B3, Jaeger's
+		// uber-trace-id) travels in the row's headers, where the relay's
+		// propagator reads it back and its publish span replaces it.
+		h := make(amqp.Table, len(m.Headers)+len(carrier))
+		maps.Copy(h, m.Headers)
+		for k, v := range carrier {
+			h[k] = v
+		}
+		m.Headers = h
+	}
+	headers, err := encodeHeaders(m.Headers)
+	if err != nil {
+		return nil, err
+	}
+	var hdr, orderingKey any
+	if headers != nil {
+		hdr = headers
+	}
+	if m.OrderingKey != "" {
+		orderingKey = m.OrderingKey
 	}
 	return []any{
 		m.Exchange, m.RoutingKey, hdr, m.Body, m.ContentType, m.ContentEncoding,

@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/msgspan"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -224,24 +225,15 @@ func (p *Publisher) Publish(ctx context.Context, key string, msg Message) error 
 	if err := dedup.ValidateKey(key); err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
-	dest := cmp.Or(msg.Exchange, "amq.default")
-	ctx, span := p.tracer.Start(ctx, dest+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "rabbitmq"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.destination.name", dest),
-			attribute.String("messaging.rabbitmq.destination.routing_key", msg.RoutingKey),
-		))
+	ctx, span := msgspan.StartPublish(ctx, p.tracer, msgspan.Publish{Exchange: msg.Exchange, RoutingKey: msg.RoutingKey})
 	defer span.End()
 	pub := msg.publishing(key)
-	carrier := propagation.MapCarrier{}
-	p.cfg.Propagator.Inject(ctx, carrier)
-	if len(carrier) > 0 && pub.Headers == nil {
+	if pub.Headers == nil {
 		pub.Headers = amqp.Table{}
 	}
-	for k, v := range carrier {
-		pub.Headers[k] = v
+	p.cfg.Propagator.Inject(ctx, msgspan.Headers(pub.Headers))
+	if len(pub.Headers) == 0 {
+		pub.Headers = nil
 	}
 	attempts, err := p.publish(ctx, msg.Exchange, msg.RoutingKey, pub)
 	span.SetAttributes(attribute.Int("idemq.publish.attempts", attempts))

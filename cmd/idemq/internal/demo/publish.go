@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/msgspan"
 )
 
 // instrumentation names the demo's tracer.
@@ -143,14 +144,10 @@ func (p *publisher) burst(ctx context.Context, pub *confirm.Publisher, m message
 // publish sends one message (mandatory, persistent) with a producer span
 // whose context travels in the traceparent header.
 func (p *publisher) publish(ctx context.Context, pub *confirm.Publisher, m message) (*confirm.Pending, error) {
-	ctx, span := p.tracer.Start(ctx, p.queue+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "rabbitmq"),
-			attribute.String("messaging.operation.type", "publish"),
-			attribute.String("messaging.destination.name", p.queue),
-			attribute.String("idemq.demo.kind", string(m.Kind)),
-		))
+	ctx, span := msgspan.StartPublish(ctx, p.tracer, msgspan.Publish{
+		Name: p.queue + " publish", RoutingKey: p.queue,
+		Attributes: []attribute.KeyValue{attribute.String("idemq.demo.kind", string(m.Kind))},
+	})
 	defer span.End()
 	headers := amqp.Table{}
 	msg := amqp.Publishing{
