@@ -12,15 +12,16 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/hostguard"
 )
 
 // DefaultUIListen is where `idemq ui` listens by default.
-const DefaultUIListen = "127.0.0.1:8089"
+const DefaultUIListen = ui.DefaultListen
 
 func (a *app) uiCommand() *cobra.Command {
 	var (
 		listen, tokenFile, jaegerURL string
-		queues                       []string
+		queues, allowHosts           []string
 		topo                         topologyFlags
 		readOnly, showKeys, hashKeys bool
 		letterLimit                  int
@@ -42,11 +43,15 @@ topology apply).
 
 It listens on loopback unless --auth-token-file is given: the file holds a
 token that every request must carry, as "Authorization: Bearer <token>" or
-from the session cookie the login form sets. Every change is a POST with a
-CSRF token; --read-only refuses them all. Raw keys are shown only where the
+from the session cookie the login form sets (a session ends at logout, after
+an hour unused, 12 hours after the login, or when the UI stops). It answers
+only requests whose Host is the listen address, localhost or an IP it is
+reached at, or a name given with --allow-host; others get 421 (a page whose
+name is rebound to the UI's address reads nothing). Every change is a POST
+with a CSRF token; --read-only refuses them all. Raw keys are shown only where the
 operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 		Example: `  idemq ui --queue payments=charge
-  idemq ui --listen 0.0.0.0:8089 --auth-token-file /run/secrets/idemq-ui --read-only --queue payments=charge
+  idemq ui --listen 0.0.0.0:8089 --auth-token-file /run/secrets/idemq-ui --allow-host idemq-ui.internal --read-only --queue payments=charge
   idemq ui --queue payments=charge --jaeger-url http://127.0.0.1:16686`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
@@ -62,6 +67,9 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			}
 			if err := ui.CheckListen(listen, token != ""); err != nil {
 				return usagef("--listen: %w", err)
+			}
+			if _, err := hostguard.New(listen, allowHosts); err != nil {
+				return usagef("--allow-host: %w", err)
 			}
 			var qs []ui.Queue
 			for _, spec := range queues {
@@ -88,6 +96,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				Pool: pool, Schema: a.schema, HashKeys: hashKeys,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
 				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
+				Listen: listen, AllowHosts: allowHosts,
 				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Logger: a.log,
 			})
 			if err != nil {
@@ -105,6 +114,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.StringVar(&listen, "listen", DefaultUIListen, "address to listen on (host:port); anything but loopback needs --auth-token-file")
 	f.StringArrayVar(&queues, "queue", nil, "a work queue to show, as Q or Q=CONSUMER (repeatable)")
 	f.StringVar(&jaegerURL, "jaeger-url", "", "Jaeger UI base URL, to link a key's first processing to its trace (env IDEMQ_JAEGER_URL)")
+	f.StringSliceVar(&allowHosts, "allow-host", nil, "a host name the UI answers to beyond its address and localhost, e.g. idemq-ui.internal or *.example.com (repeatable; requests naming another host get 421)")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the token every request must carry (bearer, or the login form's cookie)")
 	f.BoolVar(&readOnly, "read-only", false, "refuse every change (replay, unpark)")
 	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id, Idempotency-Key) instead of their hashes")
