@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"maps"
 	"net/http"
 	"strconv"
 )
@@ -10,20 +11,48 @@ import (
 // status, the headers and the body, and sends nothing until the middleware
 // has committed (or rolled back) the request's transaction. It does not
 // implement http.Flusher or http.Hijacker: a guarded response cannot stream.
+// Informational answers (1xx but 101, such as 103 Early Hints) are no
+// result: they go to the client as they are written, with the headers set
+// so far, and are never stored nor replayed.
 type capture struct {
+	w      http.ResponseWriter // the client's
 	header http.Header
-	status int
+	status int // the first final status: 2xx to 5xx, or 101
 	body   bytes.Buffer
 }
 
-func newCapture() *capture { return &capture{header: http.Header{}} }
+func newCapture(w http.ResponseWriter) *capture { return &capture{w: w, header: http.Header{}} }
 
 func (c *capture) Header() http.Header { return c.header }
 
 func (c *capture) WriteHeader(status int) {
-	if c.status == 0 {
-		c.status = status
+	if c.status != 0 {
+		return
 	}
+	if informational(status) {
+		c.inform(status)
+		return
+	}
+	c.status = status
+}
+
+// informational reports a 1xx status that precedes the final answer.
+// 101 Switching Protocols is final: the connection then speaks another
+// protocol.
+func informational(status int) bool {
+	return status >= 100 && status < 200 && status != http.StatusSwitchingProtocols
+}
+
+// inform sends an informational answer with the headers the handler has
+// set so far, as net/http does, and leaves the client's header map as it
+// was, so that the final answer carries what the middleware decides.
+func (c *capture) inform(status int) {
+	h := c.w.Header()
+	saved := h.Clone()
+	maps.Copy(h, c.header)
+	c.w.WriteHeader(status)
+	clear(h)
+	maps.Copy(h, saved)
 }
 
 func (c *capture) Write(p []byte) (int, error) {

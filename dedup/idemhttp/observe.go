@@ -52,7 +52,7 @@ func outcomeOf(code string) string {
 		return OutcomeKeyReuse
 	case CodeLeaseLost:
 		return OutcomeLeaseLost
-	case CodeBodyTooLarge, CodeBodyUnreadable, CodeUnauthenticated:
+	case CodeBodyTooLarge, CodeBodyUnreadable, CodeUnauthenticated, CodeTenantInvalid:
 		return OutcomeRefused
 	}
 	return OutcomeFailed
@@ -84,7 +84,7 @@ type observed struct {
 }
 
 func (o *observed) WriteHeader(status int) {
-	if o.status == 0 {
+	if o.status == 0 && !informational(status) {
 		o.status = status
 	}
 	o.ResponseWriter.WriteHeader(status)
