@@ -54,7 +54,10 @@ type Config struct {
 	// consumers' keys, so a name of its own ("payments-api") keeps the
 	// API's keys apart from theirs. Required.
 	Consumer string
-	// Header is the request header carrying the key. Default DefaultHeader.
+	// Header is the request header carrying the key: an RFC 8941
+	// sf-string ("k", as the Idempotency-Key draft has it) or a bare value
+	// (k), the same key k; Key gives it to the handler. Default
+	// DefaultHeader.
 	Header string
 	// Methods are the guarded methods; requests with any other method pass
 	// through untouched. Default DefaultMethods.
@@ -62,8 +65,11 @@ type Config struct {
 	// Tenant returns the tenant of a request: the authenticated principal
 	// (from a verified token, a client certificate, a session), never a
 	// header the client may set freely, unless the deployment is trusted.
-	// An error answers 401 and runs nothing. Default: every request is in
-	// the default tenant "".
+	// An error answers 401 and runs nothing; a tenant that
+	// dedup.ValidateTenant refuses (the consumer's rule: over 255 bytes,
+	// not UTF-8, control characters) answers 400 tenant_invalid, before
+	// anything is reserved. Default: every request is in the default
+	// tenant "".
 	Tenant func(r *http.Request) (string, error)
 	// Fingerprint computes the fingerprint of a request from its body.
 	// Default: SHA-256 of the method, the path with its query and the
@@ -127,11 +133,14 @@ type Config struct {
 }
 
 // DefaultStored is the default Config.Stored: a response is a result when
-// the operation produced it, a success (1xx to 3xx) or a business
+// the operation produced it, a success (2xx, 3xx) or a business
 // rejection that a retry would not change (402 Payment Required: the card
 // was declined). Every other 4xx is taken for a request refused before the
 // operation ran (validation, authorisation, a missing resource), and every
-// 5xx for a failure a retry may get past: neither is stored.
+// 5xx for a failure a retry may get past: neither is stored. Stored never
+// sees a 1xx: an informational answer goes to the client as it is written
+// and the final status that follows is the one decided on, and a 101
+// Switching Protocols is refused (500, key released).
 func DefaultStored(status int) bool {
 	return status < 400 || status == http.StatusPaymentRequired
 }

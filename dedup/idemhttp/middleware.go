@@ -103,7 +103,12 @@ func (m *Middleware) handler(next http.Handler, optional bool) http.Handler {
 		}
 		key := ""
 		if len(values) == 1 {
-			key = values[0]
+			k, err := parseKey(values[0])
+			if err != nil {
+				m.problem(w, http.StatusBadRequest, CodeKeyInvalid, "the "+m.cfg.Header+" header starts with a double quote but is not an RFC 8941 string: "+err.Error(), 0)
+				return
+			}
+			key = k
 		}
 		if err := dedup.ValidateKey(key); err != nil {
 			if errors.Is(err, dedup.ErrKeyRequired) {
@@ -122,6 +127,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	tenant, err := m.cfg.Tenant(r)
 	if err != nil {
 		m.problem(w, http.StatusUnauthorized, CodeUnauthenticated, "the request's principal is unknown", 0)
+		return
+	}
+	// The consumer's rule, so that what the door accepts a worker accepts.
+	if err := dedup.ValidateTenant(tenant); err != nil {
+		m.problem(w, http.StatusBadRequest, CodeTenantInvalid, "the request's tenant must be at most 255 bytes of UTF-8 without control characters", 0)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBody))
@@ -190,11 +200,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
 
 	stopBeat := m.heartbeat(ctx, lease, cancel)
-	st := &state{tx: requestTx{tx}}
+	st := &state{tx: requestTx{tx}, key: lease.Key}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
 	ctx = claim.With(ctx, claim.Claim{Consumer: lease.Consumer, Tenant: lease.Tenant, Key: lease.Key})
-	rec := newCapture()
+	rec := newCapture(w)
 	panicked, abort := m.call(next, rec, r.WithContext(ctx))
 	stopBeat()
 
@@ -218,6 +228,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		// runs it again.
 		m.release(finish, lease, "timeout")
 		m.problem(w, http.StatusServiceUnavailable, CodeTimeout, "the request did not finish in time; retry with the same key", m.cfg.RetryAfter)
+		return
+	case status == http.StatusSwitchingProtocols:
+		// The answer is held until COMMIT and the connection is never
+		// handed over: a guarded request cannot switch protocols. It is
+		// the handler's mistake, not a result.
+		_ = tx.Rollback(finish)
+		m.release(finish, lease, "http_101")
+		m.cfg.Logger.ErrorContext(ctx, "guarded handler answered 101 Switching Protocols", "consumer", m.cfg.Consumer, "key_hash", lease.KeyHash())
+		m.problem(w, http.StatusInternalServerError, CodeHandlerPanic, "the handler switched protocols, which a request guarded by an idempotency key cannot", 0)
 		return
 	}
 	if !st.decide(m.cfg.Stored(status)) {
@@ -343,6 +362,8 @@ func (requestTx) Rollback(context.Context) error { return ErrTxOwned }
 // the handler's own decision to store its response or not.
 type state struct {
 	tx pgx.Tx
+	// key is the request's key, parsed from its header.
+	key string
 	// keep is 0 (Config.Stored decides), +1 (Keep) or -1 (Discard).
 	keep int
 }
@@ -375,6 +396,19 @@ func Tx(r *http.Request) pgx.Tx {
 		return st.tx
 	}
 	return nil
+}
+
+// Key returns the idempotency key of a guarded request as the middleware
+// read it from the header: the content of an RFC 8941 sf-string ("k" is
+// k), or the bare value a client that predates the draft sends. It is the
+// key the request is deduplicated by; a handler that passes the key on (as
+// a message's message_id) takes it from here, not from the header. It is ""
+// where the request is not guarded.
+func Key(r *http.Request) string {
+	if st := stateOf(r); st != nil {
+		return st.key
+	}
+	return ""
 }
 
 // Keep marks the response of a guarded request as the operation's result,

@@ -18,6 +18,7 @@ const (
 	CodeBodyTooLarge    = "request_body_too_large"
 	CodeBodyUnreadable  = "request_body_unreadable"
 	CodeUnauthenticated = "tenant_unknown"
+	CodeTenantInvalid   = "tenant_invalid" // the tenant breaks dedup.ValidateTenant
 	CodeUnavailable     = "idempotency_store_unavailable"
 	CodeTimeout         = "request_timeout"
 	CodeLeaseLost       = "idempotency_key_taken_over"
