@@ -6,11 +6,15 @@
 // # The protocol
 //
 // A request with a guarded method (default POST and PATCH) must carry an
-// Idempotency-Key header, validated like a message key (1 to 255 bytes of
-// UTF-8, no control characters); a missing or invalid key answers 400 with
-// an RFC 9457 problem body (application/problem+json) whose type links to
-// Config.DocURL. A route wrapped with Optional instead of Require lets a
-// request without a key through unguarded.
+// Idempotency-Key header. As the Idempotency-Key draft has it, the header is
+// an RFC 8941 sf-string ("k", parameters ignored), the key being its
+// content; a value that does not start with a double quote is taken as the
+// key as it is, so "k" and k are one key, k (Key gives it to the handler).
+// The key is validated like a message key (1 to 255 bytes of UTF-8, no
+// control characters); a missing or invalid key, or a malformed sf-string,
+// answers 400 with an RFC 9457 problem body (application/problem+json)
+// whose type links to Config.DocURL. A route wrapped with Optional instead
+// of Require lets a request without a key through unguarded.
 //
 // The key is reserved, in its scope (Config.Consumer, the tenant of the
 // request, the key), before the handler runs:
@@ -26,12 +30,15 @@
 // The handler writes its effects and its outbox messages (outbox.Enqueue
 // with r.Context() and Tx(r)) in the request's transaction and its answer to
 // the ResponseWriter, which holds it. When it returns, the middleware
-// decides: a result (Config.Stored; default 1xx–3xx and 402) is stored with
+// decides: a result (Config.Stored; default 2xx, 3xx and 402) is stored with
 // the key's completion in that transaction, which commits, and only then
 // does the answer leave; anything else (another 4xx: a request refused
 // before the operation ran; a 5xx; a panic; a timeout) rolls back, releases
 // the key and stores nothing, so that the retry, or the corrected request,
-// runs again. Keep and Discard decide for one response.
+// runs again. Keep and Discard decide for one response. An informational
+// answer (103 Early Hints) goes to the client as the handler writes it and
+// is never stored; a 101 Switching Protocols cannot pass the guard (500,
+// key released).
 //
 // The completion is fenced by the lease token: a handler so slow that its
 // lease was taken over cannot commit. Completed keys are kept for the
@@ -43,5 +50,7 @@
 // Config.Tenant returns the tenant of a request from its authenticated
 // principal. By default every request is in the tenant "": the middleware
 // never takes a tenant from a header on its own, since any client can set
-// one.
+// one. A tenant is held to the consumer's rule (dedup.ValidateTenant); one
+// that breaks it answers 400 tenant_invalid before anything is reserved,
+// rather than being accepted at the door and dead-lettered by the worker.
 package idemhttp
