@@ -285,7 +285,7 @@ func TestGatewayAnswersOnlyItsOwnHost(t *testing.T) {
 		{named, "gw.example.com", 202},
 		{named, "gateway.ns.svc.cluster.local:8080", 202},
 	} {
-		key := "host-" + testdbSafe(tc.host)
+		key := "host-" + hostKey(tc.host)
 		headers := append([]string{"Host", cmp.Or(tc.host, tc.e.addr)}, bearer...)
 		if a := tc.e.post("/messages", key, "text/plain", "hi", headers...); a.status != tc.want {
 			t.Errorf("POST with Host %q: %d %s, want %d", tc.host, a.status, a.body, tc.want)
@@ -306,7 +306,7 @@ func TestGatewayAnswersOnlyItsOwnHost(t *testing.T) {
 	}
 }
 
-func testdbSafe(s string) string {
+func hostKey(s string) string {
 	return strings.NewReplacer(":", "-", ".", "-").Replace(cmp.Or(s, "self"))
 }
 

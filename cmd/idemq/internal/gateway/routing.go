@@ -49,6 +49,17 @@ func parsePattern(s string) (pattern, error) {
 	return words, nil
 }
 
+// CheckRoutingKeys returns an error naming the first of patterns that is not
+// a routing key pattern Config.AllowRoutingKeys takes.
+func CheckRoutingKeys(patterns []string) error {
+	for _, s := range patterns {
+		if _, err := parsePattern(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // match reports whether routing key rk matches p, the way a topic exchange
 // matches a binding key.
 func (p pattern) match(rk string) bool {
