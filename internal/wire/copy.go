@@ -39,7 +39,9 @@ var replayDropped = []string{HeaderReason, HeaderError, HeaderAttempts, HeaderDe
 // ReplayCopy builds the publishing that moves dead letter d back to its work
 // queue: the body, the properties (user_id and expiration included),
 // message_id and the headers, except x-idemq-reason, x-idemq-error,
-// x-idemq-attempts and x-delivery-count. It keeps idemq's signed headers as
+// x-idemq-attempts and x-delivery-count. Its user_id, which only a dead
+// letter the broker made carries, is its publisher's: whoever publishes the
+// copy checks UserIDAllowed first, and drops it or keeps the letter. It keeps idemq's signed headers as
 // they are, so that their signature still verifies and the consumer keeps
 // the tenant and the original exchange and routing key: idemq dead-letters
 // with x-idemq-attempt 1 (a full retry budget); a retry copy the broker
@@ -56,6 +58,16 @@ func ReplayCopy(d *amqp.Delivery) amqp.Publishing {
 	p := publishing(d, h)
 	p.Expiration, p.UserId = d.Expiration, d.UserId
 	return p
+}
+
+// UserIDAllowed reports whether a connection authenticated as user may
+// publish a message with userID: RabbitMQ accepts a user_id only equal to
+// the connection's user (unless that user has the impersonator tag, which
+// idemq does not ask about) and closes the channel of any other publish
+// (PRECONDITION_FAILED). An empty userID is always allowed; an unknown user
+// (user "": a certificate login) allows no other.
+func UserIDAllowed(userID, user string) bool {
+	return userID == "" || (user != "" && userID == user)
 }
 
 // publishing is d's body and properties with headers h, persistent, without
