@@ -141,9 +141,10 @@ func oneLine(s string, n int) string {
 
 func (a *app) dlqReplayCommand() *cobra.Command {
 	var (
-		queue, reason string
-		limit         int
-		timeout       time.Duration
+		queue, reason          string
+		limit                  int
+		timeout                time.Duration
+		dropUserID, keepUserID bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay --queue Q [--reason R]",
@@ -158,13 +159,23 @@ A dead letter is acked
 only after the broker confirmed its copy in Q; those that do not match the
 reason stay in Q.dlq.
 
+A dead letter the broker made itself (delivery_limit, expired, maxlen,
+rejected) keeps its publisher's user_id, which RabbitMQ lets the replaying
+connection publish only if it is that connection's user. Such a letter stays
+in Q.dlq (exit 1, naming it) unless --drop-user-id replays it without its
+user_id (right when the consumer does not take the tenant from user_id:
+with TenantFromUserID its key would be claimed in another tenant), or
+--keep-user-id keeps it (a replaying user with the impersonator tag).
+
 SIGINT or SIGTERM stops the replay after the message in hand: nothing is lost;
 at worst, if the process dies between a confirm and its ack, a message is both
 in Q and in Q.dlq (same message_id and key: the consumer recognises it).
-Shows a progress bar when stderr is a terminal; prints "replayed N, skipped M".
+Shows a progress bar when stderr is a terminal; prints "replayed N, skipped M"
+(and how many letters were replayed without their user_id, or left for it).
 Exits 1 when interrupted or when the broker refuses a copy.`,
 		Example: `  idemq dlq replay --queue payments --reason max_attempts_exceeded
-  idemq dlq replay --queue payments --reason delivery_limit --limit 100`,
+  idemq dlq replay --queue payments --reason delivery_limit --limit 100
+  idemq dlq replay --queue payments --reason delivery_limit --drop-user-id`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if err := nonEmpty(cmd.Flags(), "queue"); err != nil {
@@ -176,6 +187,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if timeout <= 0 {
 				return usagef("--confirm-timeout %s must be positive", timeout)
 			}
+			if dropUserID && keepUserID {
+				return usagef("--drop-user-id and --keep-user-id exclude each other")
+			}
 			if reason != "" && !slices.Contains(consumer.Reasons(), reason) {
 				return usagef("--reason %q is not a dead-letter reason; want one of %s", reason, strings.Join(consumer.Reasons(), ", "))
 			}
@@ -185,7 +199,13 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			}
 			defer conn.Close()
 			opts := dlq.ReplayOptions{
-				Queue: dlq.Name(queue), Target: queue, Reason: reason, Limit: limit, ConfirmTimeout: timeout,
+				Queue: dlq.Name(queue), Target: queue, Reason: reason, Limit: limit, ConfirmTimeout: timeout, Logger: a.log,
+			}
+			switch {
+			case dropUserID:
+				opts.UserID = dlq.UserIDDrop
+			case keepUserID:
+				opts.UserID = dlq.UserIDKeep
 			}
 			var bar *progressbar.ProgressBar
 			if f, ok := a.stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
@@ -201,16 +221,26 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 						progressbar.OptionThrottle(100*time.Millisecond),
 					)
 				}
-				opts.Progress = func(read, replayed int) {
-					bar.Describe(fmt.Sprintf("replaying %s (%d replayed)", opts.Queue, replayed))
-					_ = bar.Set(read)
+				opts.Progress = func(res dlq.ReplayResult) {
+					bar.Describe(fmt.Sprintf("replaying %s (%d replayed)", opts.Queue, res.Replayed))
+					_ = bar.Set(res.Read)
 				}
 			}
 			res, err := dlq.Replay(cmd.Context(), conn, opts)
 			if bar != nil {
 				_ = bar.Finish()
 			}
-			fmt.Fprintf(a.stdout, "replayed %d, skipped %d\n", res.Replayed, res.Skipped)
+			fmt.Fprintf(a.stdout, "replayed %d, skipped %d", res.Replayed, res.Skipped)
+			if res.UserIDDropped > 0 {
+				fmt.Fprintf(a.stdout, ", %d of them without their user_id", res.UserIDDropped)
+			}
+			if res.UserIDRefused > 0 {
+				fmt.Fprintf(a.stdout, ", %d left for their user_id", res.UserIDRefused)
+			}
+			fmt.Fprintln(a.stdout)
+			if errors.Is(err, dlq.ErrForeignUserID) {
+				return fmt.Errorf("%w; --drop-user-id replays them without it, --keep-user-id with it (a replaying user with the impersonator tag)", err)
+			}
 			if err != nil {
 				return hintWorkQueue(err, queue)
 			}
@@ -225,6 +255,8 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 	f.StringVar(&reason, "reason", "", "replay only dead letters with this reason (x-idemq-reason, or the x-death reason): "+strings.Join(consumer.Reasons(), ", "))
 	f.IntVar(&limit, "limit", 0, "most dead letters replayed (0: all)")
 	f.DurationVar(&timeout, "confirm-timeout", dlq.DefaultConfirmTimeout, "how long to wait for the broker to confirm one copy")
+	f.BoolVar(&dropUserID, "drop-user-id", false, "replay a letter whose user_id the replaying user may not publish without it (not when the consumer takes the tenant from user_id)")
+	f.BoolVar(&keepUserID, "keep-user-id", false, "replay every letter with its user_id (the replaying user has RabbitMQ's impersonator tag)")
 	requireFlags(cmd, "queue")
 	return cmd
 }

@@ -29,11 +29,14 @@
 package dlq
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -88,16 +91,20 @@ func inspect(conn *amqp.Connection, queue string) (int, error) {
 	return q.Messages, err
 }
 
-// Message is one dead letter as Read saw it: what it says (Letter), an id
-// that names it while it stays in the DLQ (ID), and the message itself.
+// Message is one dead letter as Scan or Read saw it: what it says (Letter),
+// an id that names it while it stays in the DLQ (ID), and the message itself.
 type Message struct {
 	wire.Letter
 	// ID names the dead letter (see ID); ReplayOptions.Select receives it.
 	ID string `json:"id"`
-	// Headers, Body and RoutingKey are the message's own.
+	// Headers, Body and RoutingKey are the message's own. Read keeps only
+	// the first bytes of Body (Letter.BodySize is the whole body's size).
 	Headers    amqp.Table `json:"-"`
 	Body       []byte     `json:"-"`
 	RoutingKey string     `json:"-"`
+	// UserID is the message's user_id property (a broker-checked user name
+	// of its publisher, which a dead letter the broker made keeps).
+	UserID string `json:"-"`
 }
 
 // ID returns a name for dead letter d: a hash of its message_id, timestamp,
@@ -111,62 +118,124 @@ func ID(d *amqp.Delivery) string {
 	text := func(v any) string { s, _ := wire.String(v); return s }
 	for _, part := range []string{
 		d.MessageId, d.Timestamp.UTC().Format(time.RFC3339Nano),
-		text(d.Headers[wire.HeaderFirstSeen]), text(d.Headers[wire.HeaderError]), string(d.Body),
+		text(d.Headers[wire.HeaderFirstSeen]), text(d.Headers[wire.HeaderError]),
 	} {
 		fmt.Fprintf(h, "%d:%s;", len(part), part)
 	}
+	fmt.Fprintf(h, "%d:", len(d.Body))
+	h.Write(d.Body)
+	h.Write([]byte(";"))
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // List reads up to limit (0: all) dead letters of queue without removing
-// any: every message read goes back to the queue when List returns.
+// any: every message read goes back to the queue when List returns. It
+// keeps what each letter says, never its body.
 func List(ctx context.Context, conn *amqp.Connection, queue string, limit int) (ListResult, error) {
 	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []wire.Letter{}}
-	n, msgs, err := Read(ctx, conn, queue, limit)
-	res.InQueue = n
-	for _, m := range msgs {
+	n, err := Scan(ctx, conn, queue, limit, func(m Message) bool {
 		res.Letters = append(res.Letters, m.Letter)
 		res.ByReason[m.Reason]++
-	}
+		return true
+	})
+	res.InQueue = n
 	return res, err
 }
 
 // Read reads up to limit (0: all) dead letters of queue without removing
 // any, like List, and returns the number of ready messages the queue held
-// and the messages read, in queue order.
-func Read(ctx context.Context, conn *amqp.Connection, queue string, limit int) (int, []Message, error) {
+// and the messages read, in queue order, each with at most bodyLimit bytes
+// of its body (0: none), copied out of the letter: what Read returns holds
+// at most limit × (headers + bodyLimit) bytes, whatever the bodies' sizes.
+func Read(ctx context.Context, conn *amqp.Connection, queue string, limit, bodyLimit int) (int, []Message, error) {
 	msgs := []Message{}
+	n, err := Scan(ctx, conn, queue, limit, func(m Message) bool {
+		msgs = append(msgs, m.Cut(bodyLimit))
+		return true
+	})
+	return n, msgs, err
+}
+
+// Cut returns m with at most n bytes of its body, in a slice of their own
+// (so that the whole body can be freed).
+func (m Message) Cut(n int) Message {
+	m.Body = bytes.Clone(m.Body[:min(max(n, 0), len(m.Body))])
+	return m
+}
+
+// Scan reads up to limit (0: all) dead letters of queue without removing
+// any, one at a time, and calls fn with each, in queue order, until fn
+// returns false. It returns the number of ready messages the queue held when
+// it started. fn receives the letter's whole body and must not keep it
+// (Message.Cut keeps a part): only then does a scan hold one body at a time,
+// whatever the number of letters. Every message read goes back to the queue
+// when Scan returns (its channel closes). A scan that stops before the end
+// reorders the queue: the broker puts the letters read behind the others.
+func Scan(ctx context.Context, conn *amqp.Connection, queue string, limit int, fn func(Message) bool) (int, error) {
 	n, err := inspect(conn, queue)
 	if err != nil {
-		return 0, msgs, err
+		return 0, err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return n, msgs, fmt.Errorf("open channel: %w", err)
+		return n, fmt.Errorf("open channel: %w", err)
 	}
 	// Closing the channel returns every message read (none is acked).
 	defer ch.Close()
-	for range n {
-		if limit > 0 && len(msgs) >= limit {
+	for i := range n {
+		if limit > 0 && i >= limit {
 			break
 		}
 		if err := ctx.Err(); err != nil {
-			return n, msgs, err
+			return n, err
 		}
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
-			return n, msgs, fmt.Errorf("read %s: %w", queue, err)
+			return n, fmt.Errorf("read %s: %w", queue, err)
 		}
 		if !ok {
 			break
 		}
-		msgs = append(msgs, Message{
+		m := Message{
 			Letter: wire.ReadLetter(&d), ID: ID(&d),
-			Headers: d.Headers, Body: d.Body, RoutingKey: d.RoutingKey,
-		})
+			Headers: d.Headers, Body: d.Body, RoutingKey: d.RoutingKey, UserID: d.UserId,
+		}
+		if !fn(m) {
+			break
+		}
 	}
-	return n, msgs, nil
+	return n, nil
 }
+
+// UserIDPolicy says what Replay does with a dead letter whose user_id the
+// replaying connection may not publish (wire.UserIDAllowed): one the broker
+// dead-lettered itself (x-delivery-limit, a TTL, a length limit) keeps its
+// publisher's user_id, and RabbitMQ closes the channel of a publish whose
+// user_id is not the connection's user (PRECONDITION_FAILED), unless that
+// user has the impersonator tag. idemq's own dead letters carry none.
+type UserIDPolicy int
+
+const (
+	// UserIDRefuse, the default, leaves such a letter in the DLQ and
+	// replays the others; Replay then returns an error wrapping
+	// ErrForeignUserID. Replay cannot know whether the consumer takes the
+	// tenant from user_id (consumer.Config.TenantFromUserID): if it does, a
+	// copy without it would claim its key in another tenant's scope, and
+	// could be processed a second time.
+	UserIDRefuse UserIDPolicy = iota
+	// UserIDDrop replays such a letter without its user_id, and counts it
+	// (ReplayResult.UserIDDropped). Right when the consumer does not take
+	// the tenant from user_id: nothing else reads it.
+	UserIDDrop
+	// UserIDKeep replays every letter with its user_id, for a replaying user
+	// with the impersonator tag. A user without it gets the broker's
+	// refusal, and Replay stops with it.
+	UserIDKeep
+)
+
+// ErrForeignUserID means dead letters stayed in the DLQ because they carry a
+// user_id the replaying connection may not publish (see UserIDPolicy).
+var ErrForeignUserID = errors.New("dead letters carry a user_id that the replaying user may not publish")
 
 // ReplayOptions configures Replay.
 type ReplayOptions struct {
@@ -183,15 +252,21 @@ type ReplayOptions struct {
 	Select func(id string, l wire.Letter) bool
 	// Limit is the most messages replayed (0: no limit).
 	Limit int
+	// UserID says what to do with a letter whose user_id the replaying
+	// connection may not publish. Default UserIDRefuse.
+	UserID UserIDPolicy
 	// ConfirmTimeout bounds the wait for one copy's confirm. Default
 	// DefaultConfirmTimeout.
 	ConfirmTimeout time.Duration
 	// Progress, when set, is called after each message read with the
-	// numbers read and replayed so far.
-	Progress func(read, replayed int)
+	// counts so far.
+	Progress func(ReplayResult)
 	// Start, when set, is called once before the first read with the number
 	// of messages Replay will read at most.
 	Start func(total int)
+	// Logger receives a line for each letter replayed without its user_id
+	// or left for it (its id, never its key). Default slog.Default().
+	Logger *slog.Logger
 }
 
 // ReplayResult counts what Replay did.
@@ -200,8 +275,14 @@ type ReplayResult struct {
 	Read int `json:"read"`
 	// Replayed were copied to the work queue (confirmed) and removed from the DLQ.
 	Replayed int `json:"replayed"`
-	// Skipped did not match the reason and stay in the DLQ.
+	// Skipped did not match the reason or the selection and stay in the DLQ.
 	Skipped int `json:"skipped"`
+	// UserIDDropped of the replayed letters were replayed without their
+	// user_id (UserIDDrop).
+	UserIDDropped int `json:"user_id_dropped"`
+	// UserIDRefused matched but stay in the DLQ: their user_id is one the
+	// replaying connection may not publish (UserIDRefuse).
+	UserIDRefused int `json:"user_id_refused"`
 	// ByReason counts the replayed letters by reason.
 	ByReason map[string]int `json:"by_reason"`
 	// Interrupted reports that ctx ended before the end of the DLQ.
@@ -213,12 +294,16 @@ type ReplayResult struct {
 // with publisher confirms and mandatory routing, and acks the dead letter
 // only after the copy is confirmed. The copy is wire.ReplayCopy: the
 // dead-letter description dropped, idemq's signed headers kept as they are
-// (so that the consumer still trusts the tenant, the origin and the attempt).
+// (so that the consumer still trusts the tenant, the origin and the attempt),
+// and the user_id as opts.UserID says when the connection may not publish it.
 //
 // When ctx ends Replay stops after the message in hand (its copy confirmed
 // and acked, or left in the DLQ) and returns the counts with Interrupted set
 // and a nil error. A copy the broker refuses (nack, unroutable, no confirm in
-// time) stops Replay with an error; its dead letter stays in the DLQ.
+// time, a channel closed: the error says the broker's reason) stops Replay
+// with an error; its dead letter stays in the DLQ. Letters refused for their
+// user_id stay in the DLQ too, and Replay returns an error wrapping
+// ErrForeignUserID after it has replayed the others.
 func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (ReplayResult, error) {
 	res := ReplayResult{ByReason: map[string]int{}}
 	if opts.Queue == "" || opts.Target == "" {
@@ -227,6 +312,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 	if opts.ConfirmTimeout <= 0 {
 		opts.ConfirmTimeout = DefaultConfirmTimeout
 	}
+	log := cmp.Or(opts.Logger, slog.Default())
 	if _, err := inspect(conn, opts.Target); err != nil {
 		return res, err
 	}
@@ -243,10 +329,12 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 	}
 	// Closing the channel returns the skipped messages to the DLQ.
 	defer ch.Close()
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	pub, err := confirm.New(ch, conn.Config.FrameSize)
 	if err != nil {
 		return res, err
 	}
+	user := User(conn)
 
 	for range total {
 		if opts.Limit > 0 && res.Replayed >= opts.Limit {
@@ -265,34 +353,73 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 		}
 		res.Read++
 		l := wire.ReadLetter(&d)
-		if (opts.Reason != "" && l.Reason != opts.Reason) || (opts.Select != nil && !opts.Select(ID(&d), l)) {
+		switch {
+		case (opts.Reason != "" && l.Reason != opts.Reason) || (opts.Select != nil && !opts.Select(ID(&d), l)):
 			res.Skipped++ // left unacked: back to the DLQ when the channel closes
-		} else {
-			if err := replayOne(pub, &d, opts); err != nil {
+		case !wire.UserIDAllowed(d.UserId, user) && opts.UserID == UserIDRefuse:
+			res.UserIDRefused++ // left unacked, like a skipped one
+			log.Warn("dlq: replay leaves a dead letter whose user_id the replaying user may not publish",
+				"queue", opts.Queue, "letter", ID(&d), "reason", l.Reason)
+		default:
+			p := wire.ReplayCopy(&d)
+			dropped := !wire.UserIDAllowed(d.UserId, user) && opts.UserID == UserIDDrop
+			if dropped {
+				p.UserId = ""
+			}
+			if err := replayOne(pub, closed, &d, p, opts); err != nil {
 				return res, err
 			}
 			res.Replayed++
 			res.ByReason[l.Reason]++
+			if dropped {
+				res.UserIDDropped++
+				log.Info("dlq: replayed a dead letter without its user_id, which the replaying user may not publish",
+					"queue", opts.Queue, "target", opts.Target, "letter", ID(&d), "reason", l.Reason)
+			}
 		}
 		if opts.Progress != nil {
-			opts.Progress(res.Read, res.Replayed)
+			opts.Progress(res)
 		}
+	}
+	if res.UserIDRefused > 0 {
+		return res, fmt.Errorf("%d dead letter(s) stay in %s: %w (RabbitMQ accepts only the connection's own user without the impersonator tag); "+
+			"replay them as their publisher's user, or without their user_id if the consumer does not take the tenant from it", res.UserIDRefused, opts.Queue, ErrForeignUserID)
 	}
 	return res, nil
 }
 
-// replayOne publishes the copy of d to the target, waits for its confirm,
-// and acks d. It is not cancelled by the caller's context: once a copy is
-// out, its fate is settled before Replay stops.
-func replayOne(pub *confirm.Publisher, d *amqp.Delivery, opts ReplayOptions) error {
+// User returns the user conn authenticated as (PLAIN or AMQPLAIN), "" when
+// it is not known (EXTERNAL: a certificate login).
+func User(conn *amqp.Connection) string {
+	for _, a := range conn.Config.SASL {
+		switch a := a.(type) {
+		case *amqp.PlainAuth:
+			return a.Username
+		case *amqp.AMQPlainAuth:
+			return a.Username
+		}
+	}
+	return ""
+}
+
+// replayOne publishes p, the copy of d, to the target, waits for its
+// confirm, and acks d. It is not cancelled by the caller's context: once a
+// copy is out, its fate is settled before Replay stops. closed receives the
+// channel's close, whose reason a copy that the close failed reports.
+func replayOne(pub *confirm.Publisher, closed <-chan *amqp.Error, d *amqp.Delivery, p amqp.Publishing, opts ReplayOptions) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.ConfirmTimeout)
 	defer cancel()
-	err := pub.PublishWait(ctx, "", opts.Target, wire.ReplayCopy(d))
+	err := pub.PublishWait(ctx, "", opts.Target, p)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("copy to %s not confirmed within %s; its dead letter stays in %s", opts.Target, opts.ConfirmTimeout, opts.Queue)
 	case errors.Is(err, confirm.ErrNacked):
 		return fmt.Errorf("the broker refused the copy to %s (nack); its dead letter stays in %s", opts.Target, opts.Queue)
+	case errors.Is(err, confirm.ErrClosed):
+		if e := closeError(closed); e != nil {
+			return fmt.Errorf("copy to %s: %w (the broker closed it: %w); its dead letter stays in %s", opts.Target, err, e, opts.Queue)
+		}
+		return fmt.Errorf("copy to %s: %w; its dead letter stays in %s", opts.Target, err, opts.Queue)
 	case err != nil:
 		return fmt.Errorf("copy to %s: %w; its dead letter stays in %s", opts.Target, err, opts.Queue)
 	}
@@ -303,3 +430,19 @@ func replayOne(pub *confirm.Publisher, d *amqp.Delivery, opts ReplayOptions) err
 	}
 	return nil
 }
+
+// closeError is the broker's reason for closing a channel (406
+// PRECONDITION_FAILED - user_id property set to …), from closed; nil when
+// none comes within closeWait (a close by the client).
+func closeError(closed <-chan *amqp.Error) *amqp.Error {
+	select {
+	case e := <-closed:
+		return e
+	case <-time.After(closeWait):
+		return nil
+	}
+}
+
+// closeWait bounds the wait for the close that failed a copy. amqp091-go
+// sends it before it ends the confirms, so it is there already.
+const closeWait = time.Second

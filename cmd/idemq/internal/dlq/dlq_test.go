@@ -98,8 +98,8 @@ func TestReplayStopsAfterTheMessageInHand(t *testing.T) {
 	defer cancel()
 	res, err := dlq.Replay(ctx, conn, dlq.ReplayOptions{
 		Queue: dlq.Name(q), Target: q, Reason: "idempotency_key_reuse",
-		Progress: func(read, replayed int) {
-			if replayed == 2 {
+		Progress: func(r dlq.ReplayResult) {
+			if r.Replayed == 2 {
 				cancel() // SIGINT after the second replayed message
 			}
 		},
@@ -142,7 +142,7 @@ func TestReplaySelected(t *testing.T) {
 	t.Parallel()
 	conn, q := setup(t, 4)
 	ctx := context.Background()
-	n, msgs, err := dlq.Read(ctx, conn, dlq.Name(q), 0)
+	n, msgs, err := dlq.Read(ctx, conn, dlq.Name(q), 0, 16)
 	if err != nil || n != 4 || len(msgs) != 4 {
 		t.Fatalf("read: %d, %d messages, %v", n, len(msgs), err)
 	}
@@ -170,7 +170,7 @@ func TestReplaySelected(t *testing.T) {
 	}
 	waitReady(t, conn, dlq.Name(q), 2)
 	// The ids are stable across reads.
-	_, again, err := dlq.Read(ctx, conn, dlq.Name(q), 0)
+	_, again, err := dlq.Read(ctx, conn, dlq.Name(q), 0, 0)
 	if err != nil || len(again) != 2 || again[0].ID != msgs[0].ID || again[1].ID != msgs[2].ID {
 		t.Fatalf("read again: %+v, %v", again, err)
 	}

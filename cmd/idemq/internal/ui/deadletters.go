@@ -55,25 +55,38 @@ func (s *Server) queueOf(w http.ResponseWriter, r *http.Request) (Queue, bool) {
 	return q, ok
 }
 
-// readLetters reads up to the configured number of q's dead letters. The
-// letters a read holds are hidden from every other reader until the broker
-// has taken them back, which it does shortly after the read's channel
-// closes: so the UI's reads of one DLQ take turns, each waiting (briefly)
-// for the DLQ to hold its letters again before the next one starts.
-func (s *Server) readLetters(ctx context.Context, q Queue) (int, []dlq.Message, error) {
+// scanLetters reads up to the configured number of q's dead letters, one at
+// a time, and calls fn with each (see dlq.Scan: fn must not keep the body;
+// Message.Cut keeps a part). It returns the number of ready messages the DLQ
+// held and the number of letters read. The letters a read holds are hidden
+// from every other reader until the broker has taken them back, which it
+// does shortly after the read's channel closes: so the UI's reads of one DLQ
+// take turns, each waiting (briefly) for the DLQ to hold its letters again
+// before the next one starts.
+//
+// Memory: a page holds what fn keeps, and the letter being read. The list
+// pages keep a letterView per letter (what its headers say), the letter page
+// the one letter it shows with BodyLimit bytes of its body, the overview
+// only counts: a page's peak is about one letter's size + LetterLimit ×
+// (headers + BodyLimit), whatever the sizes of the bodies in the DLQ.
+func (s *Server) scanLetters(ctx context.Context, q Queue, fn func(dlq.Message) bool) (int, int, error) {
 	conn, err := s.amqpConn()
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	if j := s.jobs.runningFor(q.Topology.Queue); j != nil {
-		return 0, nil, fmt.Errorf("a replay of %s is running (job %s): its dead letters are listed once it ends", q.Topology.Queue, j.ID)
+		return 0, 0, fmt.Errorf("a replay of %s is running (job %s): its dead letters are listed once it ends", q.Topology.Queue, j.ID)
 	}
 	mu := s.readLock(q.Topology.DLQ)
 	mu.Lock()
 	defer mu.Unlock()
-	n, msgs, err := dlq.Read(ctx, conn, q.Topology.DLQ, s.cfg.LetterLimit)
-	if err != nil || len(msgs) == 0 {
-		return n, msgs, err
+	read := 0
+	n, err := dlq.Scan(ctx, conn, q.Topology.DLQ, s.cfg.LetterLimit, func(m dlq.Message) bool {
+		read++
+		return fn(m)
+	})
+	if err != nil || read == 0 {
+		return n, read, err
 	}
 	deadline := time.Now().Add(returnWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -82,7 +95,7 @@ func (s *Server) readLetters(ctx context.Context, q Queue) (int, []dlq.Message, 
 		}
 		<-time.After(10 * time.Millisecond) // poll interval: the broker sends no event for it
 	}
-	return n, msgs, nil
+	return n, read, nil
 }
 
 // returnWait bounds the wait for the letters a read held to be back (fewer
@@ -108,15 +121,20 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	v := deadLettersView{Queue: q.Topology.Queue, Consumer: q.Consumer, Reason: r.FormValue("reason"), ShowKeys: s.cfg.ShowKeys}
-	n, msgs, err := s.readLetters(ctx, q)
-	if err != nil {
-		v.Err = errText(err)
-	}
-	v.InQueue, v.Read, v.ByReason = n, len(msgs), countReasons(msgs)
-	for _, m := range msgs {
+	counts := reasonCounts{}
+	n, read, err := s.scanLetters(ctx, q, func(m dlq.Message) bool {
+		counts.add(m.Reason)
 		if v.Reason == "" || m.Reason == v.Reason {
 			v.Letters = append(v.Letters, s.letterView(q, m))
 		}
+		return true
+	})
+	if err != nil {
+		v.Err = errText(err)
+	}
+	v.InQueue, v.Read, v.ByReason = n, read, counts.sorted()
+	if err == nil {
+		s.jobs.counts.put(q.Topology.Queue, dlqCounts{inQueue: n, read: read, byReason: v.ByReason})
 	}
 	s.render(w, r, http.StatusOK, "dlq", "Dead letters of "+v.Queue, v)
 }
@@ -165,36 +183,44 @@ type letterDetailView struct {
 }
 
 // lettersFor reads the dead letters of the request's queue for a page that
-// needs them all (it renders the error page when it cannot).
-func (s *Server) lettersFor(w http.ResponseWriter, r *http.Request) (Queue, []dlq.Message, bool) {
+// needs them all, calling fn with each (it renders the error page when it
+// cannot).
+func (s *Server) lettersFor(w http.ResponseWriter, r *http.Request, fn func(Queue, dlq.Message) bool) (Queue, bool) {
 	q, ok := s.queueOf(w, r)
 	if !ok {
-		return q, nil, false
+		return q, false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	_, msgs, err := s.readLetters(ctx, q)
-	if err != nil {
+	if _, _, err := s.scanLetters(ctx, q, func(m dlq.Message) bool { return fn(q, m) }); err != nil {
 		s.fail(w, r, http.StatusBadGateway, err)
-		return q, nil, false
+		return q, false
 	}
-	return q, msgs, true
+	return q, true
 }
 
 func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
-	q, msgs, ok := s.lettersFor(w, r)
+	id := r.FormValue("id")
+	var m dlq.Message
+	found := false
+	q, ok := s.lettersFor(w, r, func(_ Queue, l dlq.Message) bool {
+		if l.ID == id && !found {
+			// One byte more than is shown, so that showContent sees the cut.
+			m, found = l.Cut(s.cfg.BodyLimit+1), true
+		}
+		// On to the end: a read that stops early would send the letters
+		// it read behind the others, reordering the DLQ.
+		return true
+	})
 	if !ok {
 		return
 	}
-	id := r.FormValue("id")
-	i := slices.IndexFunc(msgs, func(m dlq.Message) bool { return m.ID == id })
 	v := letterDetailView{Queue: q.Topology.Queue}
-	if i < 0 {
+	if !found {
 		v.Missing = true
 		s.render(w, r, http.StatusNotFound, "letter", "Dead letter", v)
 		return
 	}
-	m := msgs[i]
 	v.Letter = s.letterView(q, m)
 	msgID := headerView{Name: "message_id", Value: m.MessageID}
 	if !s.cfg.ShowKeys && m.MessageID != "" {
@@ -204,6 +230,9 @@ func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 	if m.Timestamp != nil {
 		v.Props = append(v.Props, headerView{Name: "timestamp", Value: m.Timestamp.UTC().Format(time.RFC3339)})
 	}
+	if m.UserID != "" {
+		v.Props = append(v.Props, headerView{Name: "user_id", Value: m.UserID})
+	}
 	for _, name := range slices.Sorted(maps.Keys(m.Headers)) {
 		h := headerView{Name: name, Value: headerValue(m.Headers[name])}
 		if !s.cfg.ShowKeys && strings.EqualFold(name, s.cfg.KeyHeader) {
@@ -212,6 +241,7 @@ func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 		v.Headers = append(v.Headers, h)
 	}
 	v.Body = showContent(m.Body, s.cfg.BodyLimit)
+	v.Body.Size = m.BodySize // the whole body's, not the part kept
 	s.render(w, r, http.StatusOK, "letter", "Dead letter", v)
 }
 
@@ -233,46 +263,55 @@ func headerValue(v any) string {
 }
 
 type replayConfirmView struct {
-	Queue   string
-	Reason  string
-	Count   int
-	IDs     []string
-	Letters []letterView
-	Token   string
+	Queue  string
+	Reason string
+	Count  int
+	// ForeignUserID counts the letters with a user_id the UI's broker user
+	// may not publish (dlq.UserIDPolicy): the page offers to drop it.
+	ForeignUserID int
+	IDs           []string
+	Letters       []letterView
+	Token         string
 }
 
 // replayConfirm shows what a replay will move, and the button that does it.
 func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
-	q, msgs, ok := s.lettersFor(w, r)
-	if !ok {
-		return
-	}
-	v := replayConfirmView{Queue: q.Topology.Queue, Reason: r.PostForm.Get("reason"), Token: s.ops.issue()}
+	reason := r.PostFormValue("reason")
 	ids := r.PostForm["id"]
-	switch {
-	case len(ids) > 0:
-		want := map[string]bool{}
-		for _, id := range ids {
-			want[id] = true
-		}
-		for _, m := range msgs {
-			if want[m.ID] {
-				v.Letters = append(v.Letters, s.letterView(q, m))
-				v.IDs = append(v.IDs, m.ID)
-				delete(want, m.ID)
-			}
-		}
-		v.Reason = ""
-	case v.Reason != "":
-		for _, m := range msgs {
-			if m.Reason == v.Reason {
-				v.Letters = append(v.Letters, s.letterView(q, m))
-			}
-		}
-	default:
+	if len(ids) == 0 && reason == "" {
 		s.fail(w, r, http.StatusBadRequest, errors.New("choose dead letters, or a reason, to replay"))
 		return
 	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	if len(ids) > 0 {
+		reason = ""
+	}
+	v := replayConfirmView{Reason: reason}
+	user := ""
+	if conn, err := s.amqpConn(); err == nil {
+		user = dlq.User(conn)
+	}
+	q, ok := s.lettersFor(w, r, func(q Queue, m dlq.Message) bool {
+		switch {
+		case len(ids) > 0 && want[m.ID]:
+			v.IDs = append(v.IDs, m.ID)
+			delete(want, m.ID)
+		case len(ids) > 0 || m.Reason != reason:
+			return true
+		}
+		v.Letters = append(v.Letters, s.letterView(q, m))
+		if !wire.UserIDAllowed(m.UserID, user) {
+			v.ForeignUserID++
+		}
+		return true
+	})
+	if !ok {
+		return
+	}
+	v.Queue, v.Token = q.Topology.Queue, s.ops.issue()
 	v.Count = len(v.Letters)
 	if v.Count == 0 {
 		s.fail(w, r, http.StatusConflict, errors.New("none of the chosen dead letters is in the DLQ any more (replayed by someone else?)"))
@@ -299,7 +338,10 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	reason := r.PostForm.Get("reason")
 	count, _ := strconv.Atoi(r.PostForm.Get("count"))
-	opts := dlq.ReplayOptions{Queue: q.Topology.DLQ, Target: q.Topology.Queue}
+	opts := dlq.ReplayOptions{Queue: q.Topology.DLQ, Target: q.Topology.Queue, Logger: s.log}
+	if r.PostForm.Get("drop_user_id") == "1" {
+		opts.UserID = dlq.UserIDDrop // the operator ticked it on the confirmation page
+	}
 	what := ""
 	if ids := r.PostForm["id"]; len(ids) > 0 {
 		// Each chosen letter once, even when two share an id.
@@ -336,9 +378,9 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 			j.total = total // the letters Replay reads at most
 			j.mu.Unlock()
 		}
-		opts.Progress = func(read, replayed int) {
+		opts.Progress = func(res dlq.ReplayResult) {
 			j.mu.Lock()
-			j.read, j.replayed, j.skipped = read, replayed, read-replayed
+			j.progress(res)
 			j.mu.Unlock()
 		}
 		// The pages' reads would hide letters from the replay: they wait.
@@ -347,9 +389,11 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		defer mu.Unlock()
 		res, err := dlq.Replay(ctx, conn, opts)
 		j.mu.Lock()
-		j.read, j.replayed, j.skipped, j.interrupted = res.Read, res.Replayed, res.Skipped, res.Interrupted
+		j.progress(res)
+		j.interrupted = res.Interrupted
 		j.mu.Unlock()
-		s.log.Info("ui: replay", "queue", q.Topology.Queue, "replayed", res.Replayed, "skipped", res.Skipped, "err", errText(err))
+		s.log.Info("ui: replay", "queue", q.Topology.Queue, "replayed", res.Replayed, "skipped", res.Skipped,
+			"user_id_dropped", res.UserIDDropped, "user_id_refused", res.UserIDRefused, "err", errText(err))
 		return err
 	})
 	if errors.Is(err, errBusy) {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 )
 
 // job is one replay running in the background, whose page shows its progress.
@@ -17,15 +19,19 @@ type job struct {
 	mu                    sync.Mutex
 	total, read, replayed int
 	skipped               int
-	done, interrupted     bool
-	err                   string
-	finished              time.Time
+	// userIDDropped and userIDRefused count the letters replayed without
+	// their user_id, and those left in the DLQ for it (dlq.UserIDPolicy).
+	userIDDropped, userIDRefused int
+	done, interrupted            bool
+	err                          string
+	finished                     time.Time
 }
 
 // jobState is a job's progress as its page shows it.
 type jobState struct {
 	ID, Queue, What                string
 	Total, Read, Replayed, Skipped int
+	UserIDDropped, UserIDRefused   int
 	Done, Interrupted              bool
 	Err                            string
 	Started, Finished              time.Time
@@ -35,7 +41,13 @@ func (j *job) state() jobState {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return jobState{ID: j.ID, Queue: j.Queue, What: j.What, Total: j.total, Read: j.read, Replayed: j.replayed,
-		Skipped: j.skipped, Done: j.done, Interrupted: j.interrupted, Err: j.err, Started: j.Started, Finished: j.finished}
+		Skipped: j.skipped, UserIDDropped: j.userIDDropped, UserIDRefused: j.userIDRefused, Done: j.done, Interrupted: j.interrupted, Err: j.err, Started: j.Started, Finished: j.finished}
+}
+
+// progress records the counts of a replay; j.mu is held.
+func (j *job) progress(res dlq.ReplayResult) {
+	j.read, j.replayed, j.userIDDropped, j.userIDRefused = res.Read, res.Replayed, res.UserIDDropped, res.UserIDRefused
+	j.skipped = res.Read - res.Replayed // not chosen, or left for their user_id
 }
 
 // jobs are the replays started: at most one running per queue, so that two
@@ -48,6 +60,11 @@ type jobs struct {
 	mu      sync.Mutex
 	byID    map[string]*job
 	running map[string]*job // by queue
+
+	// counts are the overview's counts of each DLQ by reason, kept here
+	// because a replay, which changes them, forgets them when it starts
+	// and when it ends.
+	counts countCache
 }
 
 func newJobs() *jobs {
@@ -78,8 +95,10 @@ func (js *jobs) start(queue, what string, fn func(ctx context.Context, j *job) e
 	}
 	j := &job{ID: randomID(), Queue: queue, What: what, Started: time.Now()}
 	js.byID[j.ID], js.running[queue] = j, j
+	js.counts.forget(queue)
 	js.wg.Go(func() {
 		err := fn(js.ctx, j)
+		js.counts.forget(queue)
 		j.mu.Lock()
 		j.done, j.finished = true, time.Now()
 		if err != nil {

@@ -106,23 +106,92 @@ func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 	}
 	v.DLQ = inspect(t.DLQ, 0)
 	if v.DLQ.Messages > 0 {
-		n, msgs, err := s.readLetters(ctx, q)
+		c, err := s.countLetters(ctx, q, v.DLQ.Messages)
 		if err != nil {
 			v.Err = errText(err)
 		}
-		v.ByReason, v.Partial = countReasons(msgs), len(msgs) < n
+		v.ByReason, v.Partial = c.byReason, c.read < c.inQueue
 	}
 	return v
 }
 
-func countReasons(msgs []dlq.Message) []reasonCount {
-	counts := map[string]int{}
-	for _, m := range msgs {
-		counts[m.Reason]++
+// countLetters counts q's dead letters by reason, given the DLQ's depth: from
+// the cache when it counted that depth less than countsTTL ago, else from a
+// scan that keeps no letter (the overview's peak is one letter's size).
+func (s *Server) countLetters(ctx context.Context, q Queue, depth int) (dlqCounts, error) {
+	if c, ok := s.jobs.counts.get(q.Topology.Queue, depth); ok {
+		return c, nil
 	}
-	out := make([]reasonCount, 0, len(counts))
-	for _, r := range slices.Sorted(maps.Keys(counts)) {
-		out = append(out, reasonCount{r, counts[r]})
+	counts := reasonCounts{}
+	n, read, err := s.scanLetters(ctx, q, func(m dlq.Message) bool {
+		counts.add(m.Reason)
+		return true
+	})
+	c := dlqCounts{inQueue: n, read: read, byReason: counts.sorted()}
+	if err == nil {
+		s.jobs.counts.put(q.Topology.Queue, c)
+	}
+	return c, err
+}
+
+// countsTTL is how long the counts of a DLQ by reason serve the overview
+// while the DLQ's depth stays the same. Without it every refresh of every
+// open overview would read every letter of the DLQ, bodies included (basic.get
+// always transfers the body): up to LetterLimit bodies each 10 s. A new dead
+// letter, one that leaves, and a replay (start and end) make the counts be
+// read again at once; only letters that leave and come in in equal numbers
+// within countsTTL leave them stale, by at most countsTTL.
+const countsTTL = time.Minute
+
+// dlqCounts are one DLQ's letters counted by reason.
+type dlqCounts struct {
+	inQueue, read int
+	byReason      []reasonCount
+	at            time.Time
+}
+
+// countCache holds the latest dlqCounts of each work queue's DLQ.
+type countCache struct {
+	mu    sync.Mutex
+	byDLQ map[string]dlqCounts
+}
+
+// get returns the counts of queue's DLQ when they are fresh: taken less than
+// countsTTL ago at the same depth.
+func (cc *countCache) get(queue string, depth int) (dlqCounts, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	c, ok := cc.byDLQ[queue]
+	return c, ok && c.inQueue == depth && time.Since(c.at) < countsTTL
+}
+
+func (cc *countCache) put(queue string, c dlqCounts) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.byDLQ == nil {
+		cc.byDLQ = map[string]dlqCounts{}
+	}
+	c.at = time.Now()
+	cc.byDLQ[queue] = c
+}
+
+// forget drops the counts of queue's DLQ (a replay changes them).
+func (cc *countCache) forget(queue string) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	delete(cc.byDLQ, queue)
+}
+
+// reasonCounts counts dead letters by reason.
+type reasonCounts map[string]int
+
+func (c reasonCounts) add(reason string) { c[reason]++ }
+
+// sorted returns the counts by reason, in the reasons' order.
+func (c reasonCounts) sorted() []reasonCount {
+	out := make([]reasonCount, 0, len(c))
+	for _, r := range slices.Sorted(maps.Keys(c)) {
+		out = append(out, reasonCount{r, c[r]})
 	}
 	return out
 }
