@@ -17,6 +17,16 @@
 // answers: a message is accepted once it is in the outbox, whether or not
 // the broker is up.
 //
+// # Who is at the door
+//
+// Every request first passes the Host check of internal/hostguard (421
+// otherwise: DNS rebinding), then the bearer token when there are tokens
+// (401, answered by the middleware), then the routing key: RoutingKey, or
+// one a request names in ?routing_key= that AllowRoutingKeys allows (403,
+// before the key is reserved, so nothing is stored). The server bounds how
+// long a request may take to arrive (ReadTimeout) and how many connections
+// it serves at once (MaxClients).
+//
 // # Tenants
 //
 // With a token file, a request needs "Authorization: Bearer TOKEN" and its
