@@ -17,6 +17,24 @@
 // so that a message that comes back to the DLQ while they run (a reused key
 // replayed and dead-lettered again) is not read twice.
 //
+// # Memory
+//
+// basic.get always transfers a letter's body. Scan reads one letter at a
+// time and hands it to its callback, which keeps what it needs: List keeps
+// what each letter says (wire.Letter), Read the first bodyLimit bytes of
+// each body. A scan's peak is about two letters' sizes (the one being read
+// and the last one read, which the AMQP client keeps until the next) plus
+// what the callback keeps: limit × (headers + bodyLimit) for Read.
+//
+// # user_id
+//
+// A dead letter the broker made itself keeps its publisher's user_id, which
+// RabbitMQ lets a connection publish only when it is that connection's user
+// (wire.UserIDAllowed). Replay leaves such a letter in the DLQ by default
+// (ErrForeignUserID), or drops or keeps the user_id when told to
+// (UserIDPolicy): it cannot know whether the consumer takes the tenant from
+// user_id, where a copy without it would be claimed in another tenant.
+//
 // # Reasons
 //
 // What a dead letter says, and the copy that replays it, are idemq's wire
