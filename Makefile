@@ -115,7 +115,7 @@ TEST_FUZZTIME ?= 20000x
 FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
 	internal/wire:FuzzExtractKey internal/wire:FuzzExtractTenant internal/wire:FuzzParseAttempt \
 	internal/wire:FuzzDeadLetterHeaders consumer:FuzzTraceContext \
-	internal/fieldtable:FuzzRoundTrip cmd/idemq/internal/ui:FuzzLocalPath
+	internal/fieldtable:FuzzRoundTrip cmd/idemq/internal/ui:FuzzLocalPath internal/redact:FuzzRedact
 
 fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter header parsing and the field-table codec, FUZZTIME (10s) each
 	@for target in $(FUZZ_TARGETS); do \
