@@ -560,3 +560,41 @@ func newLateBroker(t *testing.T) *lateBroker {
 	})
 	return b
 }
+
+// A broker that refuses the relay's credentials is not a broker that is
+// down: retrying does not heal it, and a gateway that went on accepting
+// would fill an outbox nobody publishes. Serve stops with the relay's error.
+func TestGatewayStopsWhenTheRelayGivesUp(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testamqp.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("idemq-no-such-user", "wrong")
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	g, err := gateway.New(deduptest.Store(t, testdb.Pool(t, 8), nil), gateway.Config{
+		Consumer: "gateway", Exchange: "x", AMQPURL: u.String(), Logger: discard,
+		Relay: outbox.RelayConfig{Logger: discard}, DrainTimeout: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(ctx, ln) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Serve returned nil while its relay was refused")
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("the gateway went on serving with a relay that gave up")
+	}
+}

@@ -16,15 +16,37 @@ import (
 
 // Run runs relay until work returns. When work returns nil, the relay goes
 // on until ob has no pending row or drainTimeout passes (rows left behind
-// are published by the next relay to run: none is lost); then it stops. Run
+// are published by the next relay to run: none is lost); then it stops. A
+// relay that stops by itself (a broker that refuses its credentials, a
+// schema not migrated: what retrying does not heal) ends work's context, so
+// that the process does not go on filling an outbox nobody publishes. Run
 // returns work's error joined with the relay's.
 func Run(ctx context.Context, ob *outbox.Outbox, relay *outbox.Relay, drainTimeout time.Duration, log *slog.Logger, work func(ctx context.Context) error) error {
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
+	workCtx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
+	go func() {
+		err := relay.Run(relayCtx)
+		gaveUp := relayCtx.Err() == nil
+		relayDone <- err // before stopWork: Run sees it once work returns
+		if gaveUp {
+			stopWork()
+		}
+	}()
 
-	err := work(ctx)
+	err := work(workCtx)
+	select {
+	case rerr := <-relayDone:
+		// The relay has stopped already: nothing to drain, and its error
+		// is why work stopped when ctx is still live.
+		if rerr == nil && ctx.Err() == nil {
+			rerr = errors.New("outbox relay stopped")
+		}
+		return errors.Join(err, rerr)
+	default:
+	}
 	if err == nil {
 		drain(ob, drainTimeout, log)
 	}
