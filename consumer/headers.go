@@ -53,4 +53,3 @@ func (c *Consumer) keyOf(d *amqp.Delivery) (string, error) {
 	}
 	return key, nil
 }
-

@@ -129,7 +129,7 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 			ctx := cmd.Context()
 			// Traces (a span per guarded request, continuing the client's
 			// traceparent) and metrics, from the OTEL_* variables.
-			if err := a.startTelemetry(ctx, metricsAddr, nil); err != nil {
+			if err := a.startTelemetryOn(ctx, metricsServer{addr: metricsAddr, allowHosts: allowHosts}, nil); err != nil {
 				return err
 			}
 			// Postgres only: a message is accepted once it is in the

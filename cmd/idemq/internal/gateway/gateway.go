@@ -301,10 +301,9 @@ func (g *Gateway) accept(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read body", http.StatusBadRequest)
 		return
 	}
-	key := r.Header.Get(idemhttp.DefaultHeader)
-	if h := g.cfg.Middleware.Header; h != "" {
-		key = r.Header.Get(h)
-	}
+	// The key as the middleware parsed it (an sf-string's content), never
+	// the raw header.
+	key := idemhttp.Key(r)
 	msg := outbox.Message{
 		Exchange:    g.cfg.Exchange,
 		RoutingKey:  routingKey(r),

@@ -598,3 +598,26 @@ func TestGatewayStopsWhenTheRelayGivesUp(t *testing.T) {
 		t.Fatal("the gateway went on serving with a relay that gave up")
 	}
 }
+
+// The key is an sf-string: `"order-7"` is the key order-7, the same
+// operation as a bare order-7, and the message's message_id is order-7
+// without quotes.
+func TestGatewayQuotedKeyIsTheBareKey(t *testing.T) {
+	t.Parallel()
+	e := start(t, gateway.Config{})
+	first := e.post("/messages", `"order-7"`, "application/json", `{"order":7}`)
+	if first.status != 202 || first.body != `{"message_id":"order-7","status":"accepted"}`+"\n" {
+		t.Fatalf("quoted key: %d %q, want 202 with message_id order-7", first.status, first.body)
+	}
+	if again := e.post("/messages", "order-7", "application/json", `{"order":7}`); again.status != 202 || !again.replayed {
+		t.Fatalf("bare key after the quoted one: %d replayed=%v, want the replayed 202", again.status, again.replayed)
+	}
+	got := e.drained()
+	if len(got) != 1 || got[0].MessageId != "order-7" {
+		ids := []string{}
+		for _, d := range got {
+			ids = append(ids, d.MessageId)
+		}
+		t.Fatalf("published message ids %q, want one order-7", ids)
+	}
+}
