@@ -31,6 +31,7 @@ func (r *runner) serveUI(ctx context.Context) error {
 		},
 		Queues:    []ui.Queue{{Topology: r.topo, Consumer: consumerName}},
 		JaegerURL: r.o.JaegerURL,
+		Listen:    r.o.UIListen,
 	})
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)

@@ -165,8 +165,10 @@ func (s *Stage) Ready() error { return s.consumer.Ready() }
 // lets its in-flight handlers finish (consumer.Config.ShutdownTimeout), the
 // relay keeps publishing until the outbox has no pending row or DrainTimeout
 // passes (rows left behind are published by the next relay to run: none is
-// lost), and Run returns nil. It returns an error only when the consumer
-// cannot start (for example, a queue declared with other arguments).
+// lost), and Run returns nil. It returns an error when the consumer cannot
+// start (for example, a queue declared with other arguments), and when the
+// relay gives up (a broker that refuses its credentials): then the consumer
+// stops too.
 func (s *Stage) Run(ctx context.Context) error {
 	err := relayrun.Run(ctx, s.outbox, s.relay, s.cfg.DrainTimeout, s.log, func(ctx context.Context) error {
 		s.log.Info("forwarding")

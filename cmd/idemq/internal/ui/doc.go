@@ -21,9 +21,13 @@
 //
 // # Safety
 //
-// The CLI binds loopback unless a token is configured (CheckListen). With a
-// token, every page wants it, as a bearer token or from the session cookie
-// that the login form sets. Every change is a POST that carries a CSRF token
+// Every request's Host must name the server (internal/hostguard: the listen
+// address, localhost, Config.AllowHosts), else 421, so that a web page whose
+// name is rebound to 127.0.0.1 reads nothing. The CLI binds loopback unless a
+// token is configured (CheckListen). With a token, every page wants it, as a
+// bearer token (any case of the scheme) or from a session the login form
+// opens: a random id held in the server's memory, ended by logout, by 1 h
+// idle or 12 h in all, and by a restart. Every change is a POST that carries a CSRF token
 // bound to a cookie, and is refused cross-origin; Config.ReadOnly refuses
 // them all. No connection URL is ever rendered (errors are redacted), and raw
 // keys appear only where the operator typed them, unless Config.ShowKeys:
