@@ -91,6 +91,9 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		if err := ValidateKey(c.Key); err != nil {
 			return nil, fmt.Errorf("reserve keys: claim %d: %w", i, err)
 		}
+		if err := ValidateTenant(c.Tenant); err != nil {
+			return nil, fmt.Errorf("reserve keys: claim %d: %w", i, err)
+		}
 		if c.Consumer == "" {
 			return nil, fmt.Errorf("reserve keys: claim %d: empty consumer name", i)
 		}

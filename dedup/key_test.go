@@ -1,9 +1,12 @@
 package dedup_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
 )
@@ -133,5 +136,33 @@ func TestValidateTenant(t *testing.T) {
 				t.Fatalf("error text carries the tenant: %v", err)
 			}
 		})
+	}
+}
+
+// The store holds every door to the tenant rule: a claim whose tenant breaks
+// it reserves nothing, alone or in a batch.
+func TestReserveRefusesAnInvalidTenant(t *testing.T) {
+	t.Parallel()
+	store, pool := newStore(t, 4, nil)
+	ctx := context.Background()
+	fp, err := dedup.BodyFingerprint([]byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := dedup.Claim{Scope: dedup.Scope{Consumer: "c", Tenant: strings.Repeat("t", 300), Key: "k-1"}, Fingerprint: fp}
+	if _, err := store.Reserve(ctx, bad); !errors.Is(err, dedup.ErrTenantInvalid) {
+		t.Fatalf("Reserve with a 300-byte tenant: %v, want ErrTenantInvalid", err)
+	}
+	good := bad
+	good.Tenant, good.Key = "acme", "k-2"
+	if _, err := store.ReserveBatch(ctx, []dedup.Claim{good, bad}); !errors.Is(err, dedup.ErrTenantInvalid) {
+		t.Fatalf("ReserveBatch with a 300-byte tenant: %v, want ErrTenantInvalid", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{store.Config().Schema, "keys"}.Sanitize()).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d key rows after refused reservations, want 0", n)
 	}
 }

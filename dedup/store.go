@@ -260,6 +260,9 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 	if err := ValidateKey(c.Key); err != nil {
 		return Reservation{}, fmt.Errorf("reserve key: %w", err)
 	}
+	if err := ValidateTenant(c.Tenant); err != nil {
+		return Reservation{}, fmt.Errorf("reserve key: %w", err)
+	}
 	if c.Consumer == "" {
 		return Reservation{}, errors.New("reserve key: empty consumer name")
 	}
