@@ -41,8 +41,9 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-// DefaultDrainTimeout bounds the relay's last flush after the consumer stopped.
-const DefaultDrainTimeout = 10 * time.Second
+// DefaultDrainTimeout bounds the relay's last flush after the consumer
+// stopped.
+const DefaultDrainTimeout = outbox.DefaultDrainTimeout
 
 // Config configures a Worker.
 type Config struct {
@@ -143,74 +144,27 @@ func (w *Worker) Consumer() *consumer.Consumer { return w.consumer }
 // Outbox returns the outbox the worker's handlers enqueue to.
 func (w *Worker) Outbox() *outbox.Outbox { return w.outbox }
 
-// errRelayStopped is what Run reports when the relay returned while the
-// consumer still ran, without an error of its own.
-var errRelayStopped = errors.New("worker: the outbox relay stopped")
-
 // Run runs the relay, the consumer and retention until ctx ends or one of
 // the first two fails (see the package documentation), and returns the
 // first error (nil after a clean stop).
 func (w *Worker) Run(ctx context.Context) error {
-	consumerCtx, stopConsumer := context.WithCancelCause(ctx)
-	defer stopConsumer(nil)
-	// The relay outlives ctx: it drains the outbox after the consumer.
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRelay()
-
-	relayDone := make(chan error, 1)
-	if w.relay != nil {
-		go func() {
-			err := w.relay.Run(relayCtx)
-			if relayCtx.Err() == nil {
-				// The relay stopped by itself: stop the consumer too.
-				if err == nil {
-					err = errRelayStopped
-				}
-				stopConsumer(err)
-			}
-			relayDone <- err
-		}()
-	} else {
-		relayDone <- nil
+	if w.relay == nil {
+		return w.runConsumer(ctx)
 	}
-	var gcDone sync.WaitGroup
-	if w.cfg.GC != nil {
-		gcDone.Go(func() { w.runGC(consumerCtx) })
-	}
-
-	// A consumer stopped by the relay's failure returns nil: the relay's
-	// error is joined below.
-	err := w.consumer.Run(consumerCtx)
-	stopConsumer(nil)
-	gcDone.Wait()
-	if err == nil && w.relay != nil && ctx.Err() != nil {
-		w.drain()
-	}
-	stopRelay()
-	if rerr := <-relayDone; rerr != nil && !errors.Is(rerr, context.Canceled) {
-		err = errors.Join(err, rerr)
-	}
-	return err
+	return w.relay.RunBeside(ctx, w.cfg.DrainTimeout, w.runConsumer)
 }
 
-// drain waits, bounded, until the outbox has no pending row.
-func (w *Worker) drain() {
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.DrainTimeout)
-	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		b, err := w.outbox.Pending(ctx)
-		if err == nil && b.Pending == 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			w.log.Warn("outbox not empty at shutdown; the next relay to run publishes the rest", "pending", b.Pending)
-			return
-		case <-tick.C:
-		}
+// runConsumer runs the consumer, and retention beside it, until ctx ends.
+func (w *Worker) runConsumer(ctx context.Context) error {
+	gcCtx, stopGC := context.WithCancel(ctx)
+	var gcDone sync.WaitGroup
+	if w.cfg.GC != nil {
+		gcDone.Go(func() { w.runGC(gcCtx) })
 	}
+	err := w.consumer.Run(ctx)
+	stopGC()
+	gcDone.Wait()
+	return err
 }
 
 // runGC runs a retention round every GC.Every until ctx ends.

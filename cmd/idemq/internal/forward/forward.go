@@ -44,7 +44,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/cmd/idemq/internal/relayrun"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/wire"
@@ -170,7 +169,7 @@ func (s *Stage) Ready() error { return s.consumer.Ready() }
 // relay gives up (a broker that refuses its credentials): then the consumer
 // stops too.
 func (s *Stage) Run(ctx context.Context) error {
-	err := relayrun.Run(ctx, s.outbox, s.relay, s.cfg.DrainTimeout, s.log, func(ctx context.Context) error {
+	err := s.relay.RunBeside(ctx, s.cfg.DrainTimeout, func(ctx context.Context) error {
 		s.log.Info("forwarding")
 		return s.consumer.Run(ctx)
 	})

@@ -52,7 +52,6 @@ import (
 
 	"golang.org/x/net/netutil"
 
-	"github.com/idemq/idemq/cmd/idemq/internal/relayrun"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/idemhttp"
@@ -377,7 +376,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	if g.relay == nil {
 		return work(ctx)
 	}
-	err = relayrun.Run(ctx, g.outbox, g.relay, g.cfg.DrainTimeout, g.log, work)
+	err = g.relay.RunBeside(ctx, g.cfg.DrainTimeout, work)
 	g.log.Info("stopped")
 	return err
 }
