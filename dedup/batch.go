@@ -27,8 +27,8 @@ import (
 // (pgx.QueryExecModeCacheDescribe), planned anew for the actual arrays at
 // every execution: a cached generic plan made while the table was small can
 // be a sequential scan that stays as the table grows.
-func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation, error) {
-	return s.reserveBatch(ctx, s.pool, claims)
+func (s *keys) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation, error) {
+	return s.store().reserveBatch(ctx, s.pool, claims)
 }
 
 // ReserveBatchTx is ReserveBatch inside the caller's transaction, so that a
@@ -39,8 +39,8 @@ func (s *Store) ReserveBatch(ctx context.Context, claims []Claim) ([]Reservation
 // back). No lease needs extending meanwhile: the lock is the lease, and a
 // worker that dies takes its reservations with it. A Step, which commits
 // in a transaction of its own, cannot see such a reservation.
-func (s *Store) ReserveBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Reservation, error) {
-	return s.reserveBatch(ctx, tx, claims)
+func (s *keys) ReserveBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Reservation, error) {
+	return s.store().reserveBatch(ctx, tx, claims)
 }
 
 func (s *Store) reserveBatch(ctx context.Context, q querier, claims []Claim) ([]Reservation, error) {
@@ -219,7 +219,7 @@ func (s *Store) inspectBatch(ctx context.Context, q querier, consumers, tenants,
 // transaction holds locked at that moment (in a group, the group's own
 // transaction completing the key) is left as it is this time, neither
 // extended nor lost: waiting for the lock could deadlock with that transaction.
-func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duration) (lost []*Lease, err error) {
+func (s *keys) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duration) (lost []*Lease, err error) {
 	if anyHeld(leases) {
 		return nil, errHeld("extend leases")
 	}
@@ -265,7 +265,7 @@ func (s *Store) ExtendBatch(ctx context.Context, leases []*Lease, d time.Duratio
 // ReleaseBatch releases many keys with one statement, with the semantics
 // and fencing of Release, and returns the leases that were already lost.
 // reasons[i] is the reason of leases[i] (see Release).
-func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []string) (lost []*Lease, err error) {
+func (s *keys) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []string) (lost []*Lease, err error) {
 	if len(leases) != len(reasons) {
 		return nil, fmt.Errorf("release keys: %d leases, %d reasons", len(leases), len(reasons))
 	}
@@ -311,7 +311,7 @@ func (s *Store) ReleaseBatch(ctx context.Context, leases []*Lease, reasons []str
 // lease, released with reasons[i]) and the next delivery takes it over; if
 // tx rolls back, the reservation goes with it anyway. Call it after rolling
 // the failed operations' effects back (to a savepoint), before COMMIT.
-func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, reasons []string) error {
+func (s *keys) ReleaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, reasons []string) error {
 	if len(leases) != len(reasons) {
 		return fmt.Errorf("release keys: %d leases, %d reasons", len(leases), len(reasons))
 	}
@@ -343,7 +343,7 @@ func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, reaso
 // a separate Reserve leaves it, to be extended, completed or released as
 // such; if tx rolls back, the returned leases are void (fenced out) and the
 // reservation goes with it. Attempts are not counted again.
-func (s *Store) LeaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, d time.Duration) ([]*Lease, error) {
+func (s *keys) LeaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, d time.Duration) ([]*Lease, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
@@ -401,7 +401,7 @@ func (s *Store) LeaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, d time.
 // one statement, each fenced by its own lease token. It returns the leases
 // that were lost; if any were, the caller must roll back (or roll back to a
 // savepoint and complete the others again), exactly as with Complete.
-func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, results []Result) (lost []*Lease, err error) {
+func (s *keys) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, results []Result) (lost []*Lease, err error) {
 	if len(leases) != len(results) {
 		return nil, fmt.Errorf("complete keys: %d leases, %d results", len(leases), len(results))
 	}
@@ -418,7 +418,7 @@ func (s *Store) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, r
 			held = append(held, i)
 		}
 	}
-	if err := s.completeHeldBatch(ctx, tx, leases, results, held); err != nil {
+	if err := s.store().completeHeldBatch(ctx, tx, leases, results, held); err != nil {
 		return nil, err
 	}
 	if len(leased) == 0 {

@@ -252,8 +252,8 @@ func (s *Store) Reserve(ctx context.Context, c Claim) (Reservation, error) {
 // Complete, as always: a transaction that commits without it leaves the key
 // completed with the default result. The lease is HeldByTransaction: it
 // needs no heartbeat, and a rollback gives it up. See ReserveBatchTx.
-func (s *Store) ReserveTx(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
-	return s.reserve(ctx, tx, c)
+func (s *keys) ReserveTx(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
+	return s.store().reserve(ctx, tx, c)
 }
 
 func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, error) {
@@ -378,8 +378,8 @@ func completedOrLost(tag pgconn.CommandTag) error {
 // all of them). The queued statement reports ErrLeaseLost, through the batch
 // results, when the lease was lost; b must be sent on the transaction that
 // holds the handler's effects (pgx.Tx.SendBatch).
-func (s *Store) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
-	sql, args, err := s.completion(l, r)
+func (s *keys) QueueComplete(b *pgx.Batch, l *Lease, r Result) error {
+	sql, args, err := s.store().completion(l, r)
 	if err != nil || sql == "" {
 		return err
 	}
