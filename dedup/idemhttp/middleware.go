@@ -199,7 +199,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
 
-	stopBeat := m.heartbeat(ctx, lease, cancel)
+	beatCtx := ctx // the closure below must not see ctx change
+	stopBeat := dedup.Heartbeat(beatCtx, m.store, []dedup.Held{{Lease: lease, Cancel: cancel}}, dedup.HeartbeatOptions{
+		Lease:   m.cfg.Lease,
+		OnError: func(err error) { m.log(beatCtx, lease.Scope, "lease heartbeat", err) },
+	})
 	st := &state{tx: requestTx{tx}, key: lease.Key}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
@@ -299,37 +303,6 @@ func keyHash(r *http.Request) string {
 		return dedup.Scope{Consumer: c.Consumer, Tenant: c.Tenant, Key: c.Key}.KeyHash()
 	}
 	return ""
-}
-
-// heartbeat extends the lease every third of it until stopped; when the
-// lease is lost it cancels the handler's context with ErrLeaseLost.
-func (m *Middleware) heartbeat(ctx context.Context, lease *dedup.Lease, cancel context.CancelCauseFunc) (stop func()) {
-	period := m.cfg.Lease / 3
-	ctx, end := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(period)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			bctx, bcancel := context.WithTimeout(ctx, period)
-			err := m.store.Extend(bctx, lease, m.cfg.Lease)
-			bcancel()
-			switch {
-			case errors.Is(err, dedup.ErrLeaseLost):
-				cancel(fmt.Errorf("heartbeat: %w", dedup.ErrLeaseLost))
-				return
-			case err != nil && ctx.Err() == nil:
-				m.log(ctx, lease.Scope, "lease heartbeat", err)
-			}
-		}
-	}()
-	return func() { end(); <-done }
 }
 
 // release gives the key up and leaves nothing of the attempt behind
