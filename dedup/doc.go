@@ -47,8 +47,8 @@
 // created and upgraded by schema.Migrate (package
 // github.com/idemq/idemq/dedup/schema) or `idemq migrate`. Store.GC
 // deletes completed keys older than the retention in bounded batches, oldest
-// first, one instance per schema at a time; Store.GCWith paces a run (a pause
-// after each batch), bounds it, and can vacuum the table after it. Both
-// record the idemq.gc.* metrics on Config.MeterProvider, among them how far
+// first, one instance per schema at a time; its GCOptions (the outbox's GC
+// takes the same) pace a run (a pause after each batch), bound it, and can
+// vacuum the table after it. It records the idemq.gc.* metrics on Config.MeterProvider, among them how far
 // behind the retention horizon a run stopped (docs/operations.md).
 package dedup

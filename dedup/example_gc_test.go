@@ -19,7 +19,7 @@ import (
 // after each full batch, oldest first. Behind says how far past the
 // retention horizon the oldest key still due lies when the run ends: 0 while
 // GC keeps up.
-func ExampleStore_GCWith() {
+func ExampleStore_GC() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -43,7 +43,7 @@ FROM generate_series(1, 48) AS h`); err != nil {
 		log.Fatal(err)
 	}
 
-	res, err := store.GCWith(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Pause: dedup.DefaultGCPause})
+	res, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Pause: dedup.DefaultGCPause})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -33,21 +33,27 @@ type GCResult struct {
 	Skipped bool
 }
 
-// GCOptions bound and pace one GC run. The zero value runs with the store's
-// retention and batch size until nothing is due.
+// GCOptions bound and pace one GC run, of the key table (Store.GC) or of
+// the outbox (outbox.Outbox.GC, GCParked): one type for both tables of a
+// schema. The zero value runs with the defaults until nothing is due.
 type GCOptions struct {
-	// Retention overrides the store's when positive.
+	// Retention is the age beyond which rows are deleted: completed keys
+	// and leases abandoned that long ago, published (or parked) outbox
+	// rows. 0: the store's Retention for keys, DefaultRetention for the
+	// outbox.
 	Retention time.Duration
-	// Batch overrides the store's GCBatchSize when positive.
+	// Batch is the most rows one DELETE statement removes. 0: the store's
+	// GCBatchSize for keys, DefaultGCBatchSize for the outbox.
 	Batch int
 	// Pause is how long the run waits after each full batch: a backlog is
 	// then worked off at most Batch rows per Pause, leaving the database
 	// to the workers in between. 0: no pause.
 	Pause time.Duration
-	// MaxBatches ends the run after that many DELETE statements, keys left
-	// due or not (GCResult.Behind then says how far behind). 0: no bound.
+	// MaxBatches ends the run after that many DELETE statements, rows left
+	// due or not (the result's Behind then says how far behind). 0: no
+	// bound.
 	MaxBatches int
-	// Vacuum runs VACUUM on the key table after a run that deleted keys,
+	// Vacuum runs VACUUM on the table after a run that deleted rows,
 	// throttled as autovacuum is, so that their space is reused at once
 	// rather than when autovacuum comes by (never, where it is off). It
 	// needs the table's owner (the role that migrated the schema).
@@ -55,19 +61,13 @@ type GCOptions struct {
 }
 
 // GC deletes completed keys older than the retention and leases abandoned
-// for longer than the retention, oldest first, in batches of GCBatchSize
-// rows, each its own short statement, so that no long lock is held. Only one
-// instance works on a schema at a time (an advisory lock); the others return
-// Skipped. A
-// positive retention overrides the store's. See GCWith.
-func (s *Store) GC(ctx context.Context, retention time.Duration) (GCResult, error) {
-	return s.GCWith(ctx, GCOptions{Retention: retention})
-}
-
-// GCWith is GC bounded and paced by o. It records the metrics idemq.gc.*
-// (rows deleted, batches, time behind the horizon, run time) on the store's
+// for longer than the retention, oldest first, in batches, each its own
+// short statement, so that no long lock is held; o bounds and paces the
+// run. Only one instance works on a schema at a time (an advisory lock);
+// the others return Skipped. It records the metrics idemq.gc.* (rows
+// deleted, batches, time behind the horizon, run time) on the store's
 // MeterProvider, with idemq.gc.table = keys.
-func (s *Store) GCWith(ctx context.Context, o GCOptions) (GCResult, error) {
+func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 	retention := s.cfg.Retention
 	if o.Retention > 0 {
 		retention = o.Retention

@@ -73,7 +73,7 @@ RETURNING now()`).Scan(&base); err != nil {
 	}
 	last := 0.0
 	for r := 1; r <= 4; r++ {
-		res, err := store.GCWith(ctx, dedup.GCOptions{Retention: retention(r), Batch: 5, MaxBatches: 1})
+		res, err := store.GC(ctx, dedup.GCOptions{Retention: retention(r), Batch: 5, MaxBatches: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ RETURNING now()`).Scan(&base); err != nil {
 		last = behind
 	}
 	// A run without bound catches up: nothing due is left.
-	res, err := store.GCWith(ctx, dedup.GCOptions{Retention: retention(4), Batch: 5})
+	res, err := store.GC(ctx, dedup.GCOptions{Retention: retention(4), Batch: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestGCVacuum(t *testing.T) {
 SELECT 'payments', 'k' || j, 'completed', '\x00', 'ok', now() - interval '2 days', now() - interval '2 days' FROM generate_series(1, 50) AS j`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.GCWith(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Vacuum: true})
+	res, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Vacuum: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,10 +146,10 @@ func TestGCLockIsPerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _, _ = conn.Exec(ctx, "SELECT pg_advisory_unlock_all()") }()
-	if res, err := store.GC(ctx, time.Hour); err != nil || !res.Skipped {
+	if res, err := store.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil || !res.Skipped {
 		t.Fatalf("gc of the locked schema = %+v, %v; want skipped", res, err)
 	}
-	if res, err := other.GC(ctx, time.Hour); err != nil || res.Skipped {
+	if res, err := other.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil || res.Skipped {
 		t.Fatalf("gc of another schema = %+v, %v; want it to run", res, err)
 	}
 }

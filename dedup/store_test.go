@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -425,7 +426,7 @@ func TestGCDeletesOnlyOldRowsInBatches(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+table+" SET created_at = now() - interval '30 hours' WHERE key = 'new-0'"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.GC(ctx, 24*time.Hour)
+	res, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +443,7 @@ func TestGCDeletesOnlyOldRowsInBatches(t *testing.T) {
 	if fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Fatalf("left after gc: %v, want %v", left, want)
 	}
-	again, err := store.GC(ctx, 24*time.Hour)
+	again, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour})
 	if err != nil || again.Completed != 0 || again.Abandoned != 0 {
 		t.Fatalf("second gc = %+v, %v", again, err)
 	}
@@ -459,11 +460,11 @@ func TestDurableReservations(t *testing.T) {
 	if err := store.Release(ctx, l, "retried"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.ReserveBatch(ctx, []dedup.Claim{claim("durable-1", "b"), claim("durable-2", "b")})
+	res, err := keystore.Of(store).ReserveBatch(ctx, []dedup.Claim{claim("durable-1", "b"), claim("durable-2", "b")})
 	if err != nil || res[0].Decision != dedup.Acquired || res[0].Lease.Attempts != 2 || res[1].Decision != dedup.Acquired {
 		t.Fatalf("batch after release: %+v %v", res, err)
 	}
-	if lost, err := store.ExtendBatch(ctx, []*dedup.Lease{res[0].Lease, res[1].Lease}, 0); err != nil || len(lost) != 0 {
+	if lost, err := keystore.Of(store).ExtendBatch(ctx, []*dedup.Lease{res[0].Lease, res[1].Lease}, 0); err != nil || len(lost) != 0 {
 		t.Fatalf("extend batch: %v %v", lost, err)
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -120,7 +120,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA %[1]s GRANT SELECT, INSERT, UPDATE, DELETE ON
 	e.Publish(cfg.Queue, "role-2", `{"amount":2}`, amqp.Table{consumer.DefaultTenantHeader: "acme"})
 	testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
 	waitMessages(t, outQ, 2)
-	if _, err := store.GC(ctx, time.Hour); err != nil {
+	if _, err := store.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil {
 		t.Fatalf("gc as the worker: %v", err)
 	}
 
@@ -455,7 +455,7 @@ func TestConnectionURLsRedacted(t *testing.T) {
 			t.Fatal("reserve against a closed port succeeded")
 		}
 		assertNoSecret(t, "dedup.Reserve error", err.Error(), secrets...)
-		if _, err := store.GC(ctx, time.Hour); err != nil {
+		if _, err := store.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil {
 			assertNoSecret(t, "dedup.GC error", err.Error(), secrets...)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/sweep"
 )
 
@@ -15,74 +16,49 @@ import (
 // the key table's (dedup.DefaultGCBatchSize).
 const DefaultGCBatchSize = sweep.DefaultBatch
 
-// GCOptions bound and pace one GC run.
-type GCOptions struct {
-	// Retention is the age beyond which published (or, for GCParked,
-	// parked) rows are deleted. Required.
-	Retention time.Duration
-	// Batch is the most rows one statement deletes (0 = DefaultGCBatchSize).
-	Batch int
-	// Pause is how long the run waits after each full batch. 0: no pause.
-	Pause time.Duration
-	// MaxBatches ends the run after that many statements, rows left due or
-	// not. 0: no bound.
-	MaxBatches int
-	// Vacuum runs VACUUM on the outbox's tables after a run that deleted
-	// rows (the record of published messages, and the outbox table, where
-	// the relays' moves leave dead rows too), throttled as autovacuum is, so
-	// that their space is reused at once. It needs the tables' owner (the
-	// role that migrated the schema).
-	Vacuum bool
-}
-
 // GCResult is what one GC run did.
 type GCResult struct {
 	// Deleted counts the rows deleted.
 	Deleted int64
 	// Batches counts the DELETE statements the run made.
 	Batches int
-	// Vacuumed is how long the VACUUM after the deletes took (GCOptions.Vacuum).
+	// Vacuumed is how long the VACUUM after the deletes took (dedup.GCOptions.Vacuum).
 	Vacuumed time.Duration
 	// Behind is how far the oldest row still due lies past the retention
 	// horizon when the run ended: 0 when the run left nothing due.
 	Behind time.Duration
 }
 
-// GC deletes published rows whose publication is older than retention, in
-// statements of at most batch rows (0 = DefaultGCBatchSize), oldest first,
-// each short, so no long lock is held. It returns how many rows it deleted.
-// Parked rows are never deleted here: they wait for an operator (see Unpark
-// and GCParked). See GCWith.
-func (o *Outbox) GC(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	r, err := o.GCWith(ctx, GCOptions{Retention: retention, Batch: batch})
-	return r.Deleted, err
-}
-
-// GCWith is GC bounded and paced by opts. It records the metrics idemq.gc.*
-// (rows deleted, batches, time behind the horizon, run time) on the
-// outbox's MeterProvider, with idemq.gc.table = outbox.
-func (o *Outbox) GCWith(ctx context.Context, opts GCOptions) (GCResult, error) {
+// GC deletes published rows whose publication is older than the
+// retention (o.Retention, 0 = dedup.DefaultRetention), in statements of at
+// most o.Batch rows (0 = DefaultGCBatchSize), oldest first, each short, so
+// no long lock is held. Parked rows are never deleted here: they wait for
+// an operator (see Unpark and GCParked). With o.Vacuum it vacuums the
+// outbox's tables (the record of published messages, and the outbox table,
+// where the relays' moves leave dead rows too). It records the metrics
+// idemq.gc.* (rows deleted, batches, time behind the horizon, run time) on
+// the outbox's MeterProvider, with idemq.gc.table = outbox.
+func (o *Outbox) GC(ctx context.Context, opts dedup.GCOptions) (GCResult, error) {
 	// The record of published messages (migration 009), then the rows
 	// published in place before it, which the outbox table still holds.
 	return o.gc(ctx, "published", "published_at", opts, o.published, o.table)
 }
 
-// GCParked deletes parked rows parked longer ago than retention, in batches
-// like GC. It drops messages that were never published: run it only on
+// GCParked deletes rows parked longer ago than the retention, bounded and
+// paced as GC. It drops messages that were never published: run it only on
 // purpose.
-func (o *Outbox) GCParked(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	r, err := o.gc(ctx, "parked", "parked_at", GCOptions{Retention: retention, Batch: batch}, o.table)
-	return r.Deleted, err
+func (o *Outbox) GCParked(ctx context.Context, opts dedup.GCOptions) (GCResult, error) {
+	return o.gc(ctx, "parked", "parked_at", opts, o.table)
 }
 
 // gc deletes the rows of kind due by column from each table in turn.
-func (o *Outbox) gc(ctx context.Context, kind, column string, opts GCOptions, tables ...string) (GCResult, error) {
+func (o *Outbox) gc(ctx context.Context, kind, column string, opts dedup.GCOptions, tables ...string) (GCResult, error) {
 	opts.Batch = cmp.Or(opts.Batch, DefaultGCBatchSize)
+	opts.Retention = cmp.Or(opts.Retention, dedup.DefaultRetention)
 	if opts.Retention < 0 || opts.Batch < 1 {
 		return GCResult{}, fmt.Errorf("outbox: gc: retention %s and batch %d must not be negative", opts.Retention, opts.Batch)
 	}
-	// A zero retention deletes everything due now; sweep wants it positive.
-	retention := max(opts.Retention, time.Microsecond)
+	retention := opts.Retention
 	horizon := column + ` < now() - $1::bigint * interval '1 microsecond'`
 	// Oldest first through the column's index; SKIP LOCKED keeps GC out of
 	// the relays' way. Behind is the oldest due row of any table.

@@ -8,6 +8,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -42,7 +43,7 @@ SELECT 'x', 'k', ''::bytea, 'legacy' || j, now() - interval '90 minutes' FROM ge
 UNION ALL SELECT 'x', 'k', ''::bytea, 'pending', NULL`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := ob.GCWith(ctx, outbox.GCOptions{Retention: time.Hour, Batch: 10, MaxBatches: 2})
+	res, err := ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 10, MaxBatches: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ UNION ALL SELECT 'x', 'k', ''::bytea, 'pending', NULL`); err != nil {
 	if got["idemq.gc.deleted"] != 20 || got["idemq.gc.batches"] != 2 || got["idemq.gc.behind"] < 39*60 || got["idemq.gc.behind"] > 41*60 {
 		t.Fatalf("metrics %v, want 20 deleted, 2 batches, 40m behind", got)
 	}
-	res, err = ob.GCWith(ctx, outbox.GCOptions{Retention: time.Hour, Batch: 10, Vacuum: true})
+	res, err = ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 10, Vacuum: true})
 	if err != nil {
 		t.Fatal(err)
 	}

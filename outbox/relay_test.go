@@ -21,6 +21,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/internal/testamqp"
@@ -525,20 +526,20 @@ func TestGC(t *testing.T) {
 		b := e.backlog(t)
 		return b.Pending == 0 && b.Parked == 1
 	})
-	if n, err := e.ob.GC(ctx, time.Hour, 3); err != nil || n != 0 {
-		t.Fatalf("gc of fresh rows deleted %d, %v", n, err)
+	if r, err := e.ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 3}); err != nil || r.Deleted != 0 {
+		t.Fatalf("gc of fresh rows deleted %d, %v", r.Deleted, err)
 	}
 	if _, err := e.pool.Exec(ctx, "UPDATE "+e.schema+".outbox_published SET published_at = published_at - interval '2 hours'"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := e.ob.GC(ctx, time.Hour, 3); err != nil || n != 10 {
-		t.Fatalf("gc deleted %d, %v; want 10", n, err)
+	if r, err := e.ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 3}); err != nil || r.Deleted != 10 {
+		t.Fatalf("gc deleted %d, %v; want 10", r.Deleted, err)
 	}
 	if b := e.backlog(t); b.Parked != 1 {
 		t.Fatalf("gc touched the parked row: %+v", b)
 	}
-	if n, err := e.ob.GCParked(ctx, 0, 0); err != nil || n != 1 {
-		t.Fatalf("gc parked deleted %d, %v; want 1", n, err)
+	if r, err := e.ob.GCParked(ctx, dedup.GCOptions{Retention: time.Microsecond}); err != nil || r.Deleted != 1 {
+		t.Fatalf("gc parked deleted %d, %v; want 1", r.Deleted, err)
 	}
 }
 

@@ -67,16 +67,16 @@ type Config struct {
 
 // GC is retention run by the worker: every Every, the completed keys older
 // than Keys.Retention and then the outbox's published rows older than
-// Outbox.Retention are deleted, in batches (dedup.Store.GCWith,
-// outbox.Outbox.GCWith). Several workers may run it: each round takes an
+// Outbox.Retention are deleted, in batches (dedup.Store.GC,
+// outbox.Outbox.GC). Several workers may run it: each round takes an
 // advisory lock, and a round that finds it taken is skipped.
 type GC struct {
 	// Every is the interval between rounds (required, positive).
 	Every time.Duration
-	// Keys are the key store's options; zero Retention: dedup's default.
+	// Keys are the key store's options; zero Retention: the store's.
 	Keys dedup.GCOptions
-	// Outbox are the outbox's options; zero Retention: outbox's default.
-	Outbox outbox.GCOptions
+	// Outbox are the outbox's options; zero Retention: dedup.DefaultRetention.
+	Outbox dedup.GCOptions
 }
 
 // Worker is a consumer, its outbox relay and retention, run together.
@@ -177,10 +177,10 @@ func (w *Worker) runGC(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if _, err := w.store.GCWith(ctx, w.cfg.GC.Keys); err != nil && ctx.Err() == nil {
+		if _, err := w.store.GC(ctx, w.cfg.GC.Keys); err != nil && ctx.Err() == nil {
 			w.log.Warn("key retention failed; trying again at the next round", "err", redact.Error(err))
 		}
-		if _, err := w.outbox.GCWith(ctx, w.cfg.GC.Outbox); err != nil && ctx.Err() == nil {
+		if _, err := w.outbox.GC(ctx, w.cfg.GC.Outbox); err != nil && ctx.Err() == nil {
 			w.log.Warn("outbox retention failed; trying again at the next round", "err", redact.Error(err))
 		}
 	}

@@ -216,7 +216,7 @@ func TestRetryAfterRetentionIsNew(t *testing.T) {
 	a := newAPI(t, idemhttp.Config{}, nil)
 	first := a.do("POST", "/orders", "order-1", `{"amount":4990}`)
 	consumertest.WaitFor(t, 5*time.Second, "the completion to age", func() bool {
-		res, err := a.store.GC(context.Background(), time.Microsecond)
+		res, err := a.store.GC(context.Background(), dedup.GCOptions{Retention: time.Microsecond})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -75,11 +75,11 @@ the longest redelivery of any queue feeding the key store.`,
 			if err != nil {
 				return err
 			}
-			keys, err := store.GCWith(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
+			keys, err := store.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
 			if err != nil {
 				return err
 			}
-			rows, err := ob.GCWith(ctx, outbox.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
+			rows, err := ob.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
 			if err != nil {
 				return err
 			}

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/outbox"
 )
 
 // Cycle is what one cycle measured.
@@ -171,7 +170,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		}
 		gcStart := time.Now()
 		rec.phase.Store(phaseDelete)
-		keys, err := gcStore.GCWith(ctx, dedup.GCOptions{Retention: retention, Pause: o.GCPause, Vacuum: o.GCVacuum})
+		keys, err := gcStore.GC(ctx, dedup.GCOptions{Retention: retention, Pause: o.GCPause, Vacuum: o.GCVacuum})
 		c.GCKeysTook = time.Since(gcStart)
 		if err != nil {
 			return res, err
@@ -180,7 +179,7 @@ func cycles(ctx context.Context, p *pools, o Options, l LoadResult) ([]Cycle, er
 		c.Vacuumed = keys.Vacuumed
 		c.Behind = keys.Behind
 		obStart := time.Now()
-		obRes, err := gcOutbox.GCWith(ctx, outbox.GCOptions{Retention: retention, Batch: o.GCBatch, Pause: o.GCPause, Vacuum: o.GCVacuum})
+		obRes, err := gcOutbox.GC(ctx, dedup.GCOptions{Retention: retention, Batch: o.GCBatch, Pause: o.GCPause, Vacuum: o.GCVacuum})
 		c.GCOutboxTook = time.Since(obStart)
 		c.GCOutbox = obRes.Deleted
 		c.Vacuumed += obRes.Vacuumed
