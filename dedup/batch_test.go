@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -40,7 +41,7 @@ func TestReserveBatchClassifiesEachRow(t *testing.T) {
 	claims := []dedup.Claim{claim("new", "b"), claim("done", "b"), claim("busy", "b"), claim("expired", "b"), claim("released", "b"), claim("done2", "b")}
 	reuse := claim("done", "other body")
 	reuse.Tenant = "" // same scope as "done" would repeat it; use a fresh store call below
-	got, err := store.ReserveBatch(ctx, claims)
+	got, err := keystore.Of(store).ReserveBatch(ctx, claims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,11 +57,11 @@ func TestReserveBatchClassifiesEachRow(t *testing.T) {
 	if got[3].Lease.Attempts != 2 || !got[3].Lease.TakenOver || got[4].Lease.Attempts != 2 {
 		t.Fatalf("takeovers: %+v %+v", got[3].Lease, got[4].Lease)
 	}
-	r2, err := store.ReserveBatch(ctx, []dedup.Claim{reuse})
+	r2, err := keystore.Of(store).ReserveBatch(ctx, []dedup.Claim{reuse})
 	if err != nil || r2[0].Decision != dedup.KeyReuse {
 		t.Fatalf("key reuse in batch: %+v %v", r2, err)
 	}
-	if _, err := store.ReserveBatch(ctx, []dedup.Claim{claim("x", "b"), claim("x", "b")}); err == nil {
+	if _, err := keystore.Of(store).ReserveBatch(ctx, []dedup.Claim{claim("x", "b"), claim("x", "b")}); err == nil {
 		t.Fatal("a batch repeating a key must be refused")
 	}
 
@@ -77,19 +78,19 @@ func TestReserveBatchClassifiesEachRow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, err := store.CompleteBatch(ctx, tx, leases, results)
+	lost, err := keystore.Of(store).CompleteBatch(ctx, tx, leases, results)
 	if err != nil || len(lost) != 1 || lost[0] != &stale {
 		t.Fatalf("complete batch: lost %v, %v", lost, err)
 	}
 	_ = tx.Rollback(ctx)
 	tx, _ = pool.Begin(ctx)
-	if lost, err := store.CompleteBatch(ctx, tx, leases[:3], results[:3]); err != nil || len(lost) != 0 {
+	if lost, err := keystore.Of(store).CompleteBatch(ctx, tx, leases[:3], results[:3]); err != nil || len(lost) != 0 {
 		t.Fatalf("complete batch: lost %v, %v", lost, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again, err := store.ReserveBatch(ctx, claims[:1])
+	again, err := keystore.Of(store).ReserveBatch(ctx, claims[:1])
 	if err != nil || again[0].Decision != dedup.Duplicate || again[0].Record.Result.Code != 200 {
 		t.Fatalf("after batch complete: %+v %v", again, err)
 	}
@@ -114,7 +115,7 @@ func TestReserveBatchConcurrentOneAcquiresEachKey(t *testing.T) {
 					// Each worker claims the same keys in another order.
 					claims[i] = claim(fmt.Sprintf("%s-%d", prefix, (i*7+w*13)%keys), "b")
 				}
-				res, err := store.ReserveBatch(ctx, claims)
+				res, err := keystore.Of(store).ReserveBatch(ctx, claims)
 				if err != nil {
 					t.Errorf("round %d: %v", r, err)
 					return

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -103,7 +104,7 @@ func BenchmarkReserveCompleteBatch(b *testing.B) {
 			seq++
 			claims[i] = dedup.Claim{Scope: dedup.Scope{Consumer: "bench", Key: fmt.Sprintf("%s-%d", prefix, seq)}, Fingerprint: fp}
 		}
-		res, err := store.ReserveBatch(ctx, claims)
+		res, err := keystore.Of(store).ReserveBatch(ctx, claims)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +114,7 @@ func BenchmarkReserveCompleteBatch(b *testing.B) {
 			leases[i], results[i] = r.Lease, dedup.Result{Outcome: dedup.OutcomeOK}
 		}
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			lost, err := store.CompleteBatch(ctx, tx, leases, results)
+			lost, err := keystore.Of(store).CompleteBatch(ctx, tx, leases, results)
 			if err == nil && len(lost) > 0 {
 				err = fmt.Errorf("%d leases lost", len(lost))
 			}

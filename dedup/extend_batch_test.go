@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 // A group's heartbeat runs beside the group's transaction, which locks each
@@ -41,7 +42,7 @@ func testExtendBatchSkipsLocked(t *testing.T, cfg *dedup.Config) {
 
 	beat, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	lost, err := store.ExtendBatch(beat, []*dedup.Lease{b, a}, 10*time.Second)
+	lost, err := keystore.Of(store).ExtendBatch(beat, []*dedup.Lease{b, a}, 10*time.Second)
 	if err != nil {
 		t.Fatalf("extend beside the group's transaction: %v (it waited for the group's lock)", err)
 	}
@@ -63,7 +64,7 @@ func testExtendBatchSkipsLocked(t *testing.T, cfg *dedup.Config) {
 		t.Fatal(err)
 	}
 	// Completed keys are lost to a heartbeat: nothing to extend any more.
-	lost, err = store.ExtendBatch(ctx, []*dedup.Lease{a, b}, 0)
+	lost, err = keystore.Of(store).ExtendBatch(ctx, []*dedup.Lease{a, b}, 0)
 	if err != nil || len(lost) != 2 {
 		t.Fatalf("extend completed keys: lost %d, err %v; want both lost", len(lost), err)
 	}

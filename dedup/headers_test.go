@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 // A result's headers are stored with its code and body and come back to
@@ -26,13 +27,13 @@ func TestResultHeadersAreStoredAndReplayed(t *testing.T) {
 		"Complete": func(tx pgx.Tx, l *dedup.Lease, r dedup.Result) error { return store.Complete(ctx, tx, l, r) },
 		"QueueComplete": func(tx pgx.Tx, l *dedup.Lease, r dedup.Result) error {
 			b := &pgx.Batch{}
-			if err := store.QueueComplete(b, l, r); err != nil {
+			if err := keystore.Of(store).QueueComplete(b, l, r); err != nil {
 				return err
 			}
 			return tx.SendBatch(ctx, b).Close()
 		},
 		"CompleteBatch": func(tx pgx.Tx, l *dedup.Lease, r dedup.Result) error {
-			lost, err := store.CompleteBatch(ctx, tx, []*dedup.Lease{l}, []dedup.Result{r})
+			lost, err := keystore.Of(store).CompleteBatch(ctx, tx, []*dedup.Lease{l}, []dedup.Result{r})
 			if err == nil && len(lost) > 0 {
 				t.Fatalf("lost %d leases", len(lost))
 			}
@@ -47,7 +48,7 @@ func TestResultHeadersAreStoredAndReplayed(t *testing.T) {
 					var r dedup.Reservation
 					var err error
 					if inTx { // a lease held by the transaction (ReserveTx)
-						r, err = store.ReserveTx(ctx, tx, c)
+						r, err = keystore.Of(store).ReserveTx(ctx, tx, c)
 					} else {
 						r, err = store.Reserve(ctx, c)
 					}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 func TestValidateKey(t *testing.T) {
@@ -155,7 +156,7 @@ func TestReserveRefusesAnInvalidTenant(t *testing.T) {
 	}
 	good := bad
 	good.Tenant, good.Key = "acme", "k-2"
-	if _, err := store.ReserveBatch(ctx, []dedup.Claim{good, bad}); !errors.Is(err, dedup.ErrTenantInvalid) {
+	if _, err := keystore.Of(store).ReserveBatch(ctx, []dedup.Claim{good, bad}); !errors.Is(err, dedup.ErrTenantInvalid) {
 		t.Fatalf("ReserveBatch with a 300-byte tenant: %v, want ErrTenantInvalid", err)
 	}
 	var n int

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 // ReleaseBatch gives up many keys with one statement: each released key is
@@ -23,7 +24,7 @@ func TestReleaseBatch(t *testing.T) {
 			stale := *held
 			stale.Token = [16]byte{1}
 
-			lost, err := store.ReleaseBatch(ctx, []*dedup.Lease{b, &stale, a}, []string{"retried", "retried", "retried"})
+			lost, err := keystore.Of(store).ReleaseBatch(ctx, []*dedup.Lease{b, &stale, a}, []string{"retried", "retried", "retried"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -37,7 +38,7 @@ func TestReleaseBatch(t *testing.T) {
 				}
 			}
 			mustReserve(t, store, claim("rel-c", "b"), dedup.Busy)
-			if lost, err := store.ReleaseBatch(ctx, nil, nil); err != nil || lost != nil {
+			if lost, err := keystore.Of(store).ReleaseBatch(ctx, nil, nil); err != nil || lost != nil {
 				t.Fatalf("empty release: %v %v", lost, err)
 			}
 		})

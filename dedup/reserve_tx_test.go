@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 // A reservation in the caller's transaction must not change how that
@@ -25,11 +26,11 @@ func TestReserveTxKeepsTheCallersCommitDurable(t *testing.T) {
 		reserve func(tx pgx.Tx) error
 	}{
 		{"ReserveTx", func(tx pgx.Tx) error {
-			_, err := store.ReserveTx(ctx, tx, claim("one", "body"))
+			_, err := keystore.Of(store).ReserveTx(ctx, tx, claim("one", "body"))
 			return err
 		}},
 		{"ReserveBatchTx", func(tx pgx.Tx) error {
-			_, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("two", "body"), claim("three", "body")})
+			_, err := keystore.Of(store).ReserveBatchTx(ctx, tx, []dedup.Claim{claim("two", "body"), claim("three", "body")})
 			return err
 		}},
 	} {
@@ -76,7 +77,7 @@ func TestHeldReservationsWriteTheRowOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("ok", "b"), claim("rejected", "b"), claim("released", "b")})
+		res, err := keystore.Of(store).ReserveBatchTx(ctx, tx, []dedup.Claim{claim("ok", "b"), claim("rejected", "b"), claim("released", "b")})
 		if err != nil {
 			return err
 		}
@@ -99,7 +100,7 @@ func TestHeldReservationsWriteTheRowOnce(t *testing.T) {
 		if err := store.Step(ctx, leases[0], "charge", func(context.Context, pgx.Tx) error { return nil }); err == nil {
 			t.Fatal("Step of a held lease: no error")
 		}
-		lost, err := store.CompleteBatch(ctx, tx, leases, []dedup.Result{{Outcome: dedup.OutcomeOK}, rejected, {Outcome: dedup.OutcomeOK, Response: []byte("r")}})
+		lost, err := keystore.Of(store).CompleteBatch(ctx, tx, leases, []dedup.Result{{Outcome: dedup.OutcomeOK}, rejected, {Outcome: dedup.OutcomeOK, Response: []byte("r")}})
 		if err != nil || len(lost) > 0 {
 			t.Fatalf("complete: lost %d, %v", len(lost), err)
 		}
@@ -123,7 +124,7 @@ func TestHeldReservationsWriteTheRowOnce(t *testing.T) {
 	for _, r := range []dedup.Result{{Outcome: dedup.OutcomeOK}, rejected} {
 		key := "single-" + string(r.Outcome)
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			res, err := store.ReserveTx(ctx, tx, claim(key, "b"))
+			res, err := keystore.Of(store).ReserveTx(ctx, tx, claim(key, "b"))
 			if err != nil || res.Decision != dedup.Acquired || !res.Lease.HeldByTransaction() {
 				t.Fatalf("reserve %s: %+v %v", key, res, err)
 			}
@@ -139,7 +140,7 @@ func TestHeldReservationsWriteTheRowOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.ReserveTx(ctx, tx, claim("rolled-back", "b")); err != nil {
+	if _, err := keystore.Of(store).ReserveTx(ctx, tx, claim("rolled-back", "b")); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -159,7 +160,7 @@ func TestHeldReservationMakesACopyWaitThenFindADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	res, err := store.ReserveTx(ctx, tx, claim("k", "b"))
+	res, err := keystore.Of(store).ReserveTx(ctx, tx, claim("k", "b"))
 	if err != nil || res.Decision != dedup.Acquired {
 		t.Fatalf("reserve: %+v %v", res, err)
 	}
@@ -205,17 +206,17 @@ func TestReleaseTxGivesUpHeldKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("fresh", "b"), claim("taken-over", "b"), claim("kept", "b")})
+		res, err := keystore.Of(store).ReserveBatchTx(ctx, tx, []dedup.Claim{claim("fresh", "b"), claim("taken-over", "b"), claim("kept", "b")})
 		if err != nil {
 			return err
 		}
-		if _, err := store.ReleaseBatch(ctx, []*dedup.Lease{res[0].Lease}, []string{"retried"}); err == nil {
+		if _, err := keystore.Of(store).ReleaseBatch(ctx, []*dedup.Lease{res[0].Lease}, []string{"retried"}); err == nil {
 			t.Fatal("ReleaseBatch of a held lease: no error")
 		}
-		if err := store.ReleaseTx(ctx, tx, []*dedup.Lease{before}, []string{"retried"}); err == nil {
+		if err := keystore.Of(store).ReleaseTx(ctx, tx, []*dedup.Lease{before}, []string{"retried"}); err == nil {
 			t.Fatal("ReleaseTx of a lease that is not held: no error")
 		}
-		return store.ReleaseTx(ctx, tx, []*dedup.Lease{res[0].Lease, res[1].Lease}, []string{"permanent_error", "retried"})
+		return keystore.Of(store).ReleaseTx(ctx, tx, []*dedup.Lease{res[0].Lease, res[1].Lease}, []string{"permanent_error", "retried"})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +245,11 @@ func TestLeaseTxTurnsAHeldKeyIntoALease(t *testing.T) {
 	ctx := context.Background()
 	var leases []*dedup.Lease
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := store.ReserveBatchTx(ctx, tx, []dedup.Claim{claim("leased", "b"), claim("kept", "b")})
+		res, err := keystore.Of(store).ReserveBatchTx(ctx, tx, []dedup.Claim{claim("leased", "b"), claim("kept", "b")})
 		if err != nil {
 			return err
 		}
-		leases, err = store.LeaseTx(ctx, tx, []*dedup.Lease{res[0].Lease}, 30*time.Second)
+		leases, err = keystore.Of(store).LeaseTx(ctx, tx, []*dedup.Lease{res[0].Lease}, 30*time.Second)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -280,11 +281,11 @@ func TestLeaseTxTurnsAHeldKeyIntoALease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.ReserveTx(ctx, tx, claim("rolled-back", "b"))
+	res, err := keystore.Of(store).ReserveTx(ctx, tx, claim("rolled-back", "b"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	void, err := store.LeaseTx(ctx, tx, []*dedup.Lease{res.Lease}, 0)
+	void, err := keystore.Of(store).LeaseTx(ctx, tx, []*dedup.Lease{res.Lease}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

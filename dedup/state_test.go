@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 )
 
 // A released key reads as released, with the reason its holder gave, until
@@ -83,7 +84,7 @@ func TestReleaseBatchRecordsReasons(t *testing.T) {
 	ctx := context.Background()
 	a := mustReserve(t, store, claim("relb-a", "b"), dedup.Acquired).Lease
 	b := mustReserve(t, store, claim("relb-b", "b"), dedup.Acquired).Lease
-	if _, err := store.ReleaseBatch(ctx, []*dedup.Lease{a, b}, []string{"retried", "permanent_error"}); err != nil {
+	if _, err := keystore.Of(store).ReleaseBatch(ctx, []*dedup.Lease{a, b}, []string{"retried", "permanent_error"}); err != nil {
 		t.Fatal(err)
 	}
 	for key, want := range map[string]string{"relb-a": "retried", "relb-b": "permanent_error"} {
@@ -95,7 +96,7 @@ func TestReleaseBatchRecordsReasons(t *testing.T) {
 			t.Fatalf("%s: released %v, reason %q; want released by %s", key, rec.Released, rec.ReleaseReason, want)
 		}
 	}
-	if _, err := store.ReleaseBatch(ctx, []*dedup.Lease{a}, nil); err == nil {
+	if _, err := keystore.Of(store).ReleaseBatch(ctx, []*dedup.Lease{a}, nil); err == nil {
 		t.Fatal("ReleaseBatch with fewer reasons than leases: no error")
 	}
 }
@@ -131,7 +132,7 @@ func TestRejectionReasonIsStored(t *testing.T) {
 	queued := mustReserve(t, store, claim("rej-queued", "b"), dedup.Acquired).Lease
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		if err := store.QueueComplete(b, queued, want); err != nil {
+		if err := keystore.Of(store).QueueComplete(b, queued, want); err != nil {
 			return err
 		}
 		return tx.SendBatch(ctx, b).Close()
@@ -142,7 +143,7 @@ func TestRejectionReasonIsStored(t *testing.T) {
 
 	batch := mustReserve(t, store, claim("rej-batch", "b"), dedup.Acquired).Lease
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		lost, err := store.CompleteBatch(ctx, tx, []*dedup.Lease{batch}, []dedup.Result{want})
+		lost, err := keystore.Of(store).CompleteBatch(ctx, tx, []*dedup.Lease{batch}, []dedup.Result{want})
 		if err == nil && len(lost) > 0 {
 			t.Errorf("lost %d leases", len(lost))
 		}
