@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	// One pool for every door: the doors share the database's connections
 	// with the other packages' tests.
-	pool := testdb.Pool(t, 40)
+	pool := testdb.Pool(t, 32)
 	t.Run("http", func(t *testing.T) {
 		t.Parallel()
 		conformance.Run(t, conformance.NewHTTPDoor(pool))

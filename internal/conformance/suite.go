@@ -194,6 +194,11 @@ func op(key string, body string) Op { return Op{Key: key, Body: []byte(body)} }
 
 // --- scenarios
 
+// deadLease is the lease a dead owner left: long enough that the
+// operation sent after it surely finds it valid (and the key busy), even
+// on a loaded machine.
+const deadLease = 2 * time.Second
+
 // firstDelivery: a new key runs the handler once, and its result is
 // stored with the key, the effect committed with it.
 func firstDelivery(t *testing.T, s *suite, prefix string) {
@@ -453,14 +458,14 @@ func leaseLost(t *testing.T, s *suite, prefix string) {
 }
 
 // expiredLease: a worker died holding the key (its reservation is left,
-// leased for a second): the operation finds the key busy, then takes it
+// leased for deadLease): the operation finds the key busy, then takes it
 // over once the lease expired (attempts 2), and the dead owner can no
 // longer complete it.
 func expiredLease(t *testing.T, s *suite, prefix string) {
 	key := prefix + "-1"
 	o := op(key, `{"amount":100}`)
 	res, err := s.door.Store().Reserve(context.Background(), dedup.Claim{
-		Scope: s.door.Scope("", key), Fingerprint: s.door.Fingerprint(o), Lease: time.Second})
+		Scope: s.door.Scope("", key), Fingerprint: s.door.Fingerprint(o), Lease: deadLease})
 	if err != nil || res.Decision != dedup.Acquired {
 		t.Fatalf("the dead owner's reservation: %v %v", res.Decision, err)
 	}
