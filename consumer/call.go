@@ -60,7 +60,6 @@ func (c *Consumer) call(it *item, g *groupTx) (dedup.Result, error) {
 	defer cancel()
 	ctx, span := c.tracer.Start(ctx, "idemq handler")
 	defer span.End()
-	c.crashTx([]*item{it}, g.tx)
 	resp, err := c.safeCall(outbox.WithDeferred(c.withClaim(ctx, it.del), g.pend), g.view, it.del)
 	if rej := (*RejectError)(nil); errors.As(err, &rej) {
 		span.SetAttributes(attribute.String("idemq.reject_reason", rej.Reason))
@@ -75,7 +74,7 @@ func (c *Consumer) call(it *item, g *groupTx) (dedup.Result, error) {
 
 // callBatch runs the batch handler over every item in tx. Its context ends
 // when any item's lease is lost: the batch then fails and its items run
-// alone (strategy.go), where only that item fails.
+// isolated (runner.go), where only that item fails.
 func (c *Consumer) callBatch(ctx context.Context, items []*item, g *groupTx) ([]dedup.Result, error) {
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
@@ -88,7 +87,6 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, g *groupTx) ([]
 	ctx, span := c.tracer.Start(ctx, "idemq batch handler", groupLinks(items))
 	defer span.End()
 	span.SetAttributes(attribute.Int("idemq.batch.size", len(items)))
-	c.crashTx(items, g.tx)
 	dels := make([]*Delivery, len(items))
 	for i, it := range items {
 		dels[i] = it.del

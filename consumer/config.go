@@ -74,33 +74,16 @@ type Config struct {
 	// transaction. Default: groups of up to DefaultGroupSize, no linger,
 	// a savepoint per handler; DefaultBatchGroupSize for NewBatch.
 	Group Group
-	// SeparateReservations makes every group reserve its keys with a
-	// statement of its own that commits before the handlers run, each key
-	// under a lease that others can see and a heartbeat extends. By
-	// default a group reserves its keys inside its own transaction instead,
-	// in every mode (per-message groups, a group of one, optimistic groups,
-	// batch handlers), and each key row is written once (completed, with the
-	// presumed default result, see dedup.Store.ReserveBatchTx): one commit
-	// per group instead of two. The guarantees are the same (no double
-	// effect, no lost message); what others see differs: a reservation is
-	// invisible until the commit, so a copy of a key being processed
-	// elsewhere waits for that commit (and is then a duplicate) instead of
-	// finding it busy, for at most StoreTimeout (then it comes back later,
-	// as a busy copy does, without counting an attempt); no lease is
-	// extended (the transaction's row lock is the lease, and a worker that
-	// dies or loses its connection takes its reservations with it: the
-	// group's transaction sets idle_in_transaction_session_timeout to
-	// HandlerTimeout + StoreTimeout, so a worker cut off from Postgres
-	// cannot hold them longer). A handler that fails gives its key up in
-	// the group's commit (released, as with a separate lease). A handler
-	// that calls Delivery.Step, which needs a lease others can see, gets
-	// ErrStepInBatch from it: that delivery runs again with a separate
-	// reservation (its handler called a second time, its first call's
-	// writes rolled back), and every later group of the consumer reserves
-	// separately. Set it for handlers whose first Step must not be
-	// preceded by a call that stops at it, or that are slow enough that
-	// copies should find their keys busy rather than wait.
+	// SeparateReservations reserves each group's keys with a statement of
+	// their own, committed before the handlers run: leases others can see
+	// (a copy elsewhere finds its key busy), extended by a heartbeat. By
+	// default the keys are held in the group's transaction, in every mode:
+	// one commit per group (docs/consumer.md, "Holding keys").
 	SeparateReservations bool
+	// Steps declares that the handlers call Delivery.Step, whose
+	// transactions must see the key: it implies SeparateReservations. A
+	// handler that calls Step without it gets ErrStepInBatch.
+	Steps bool
 	// IndividualAcks acks every delivery with a frame of its own. By
 	// default acks are coalesced: one multiple-ack covers the deliveries
 	// up to the lowest one still in flight, and an ack held above a slow
@@ -304,6 +287,8 @@ func (c *Config) withDefaults(groupSize int) Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	// Steps need leases the steps' transactions can see.
+	out.SeparateReservations = out.SeparateReservations || out.Steps
 	return out
 }
 
@@ -313,6 +298,12 @@ func (c *Config) withDefaults(groupSize int) Config {
 // AMQPConfig and ConnectionName).
 func (c *Config) TopologyConfig() TopologyConfig {
 	d := c.WithDefaults()
+	return d.topologyConfig()
+}
+
+// topologyConfig is the topology of c, whose defaults are filled already.
+func (c *Config) topologyConfig() TopologyConfig {
+	d := c
 	return TopologyConfig{
 		Queue:           d.Queue,
 		MaxAttempts:     d.MaxAttempts,
@@ -330,7 +321,8 @@ func (c *Config) TopologyConfig() TopologyConfig {
 	}.WithDefaults()
 }
 
-func (c Config) validate() error {
+// validate checks c, whose defaults are filled, and tc, its topology.
+func (c Config) validate(tc TopologyConfig) error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("broker URL is required"))
@@ -362,6 +354,6 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("max in-flight bytes %d must not be negative", c.MaxInFlightBytes))
 	}
 	// The queue, attempts and retry settings: as the topology checks them.
-	errs = append(errs, c.TopologyConfig().Validate())
+	errs = append(errs, tc.Validate())
 	return errors.Join(errs...)
 }

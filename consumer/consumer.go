@@ -55,11 +55,12 @@ type Consumer struct {
 	handler Handler
 	// batchHandler replaces handler in batch mode.
 	batchHandler BatchHandler
-	// strategy runs a group's handlers (isolated, optimistic or batch).
-	strategy strategy
-	// stepsSeen: a handler called Delivery.Step in a group that held its
-	// keys, so groups reserve separately from then on.
-	stepsSeen    atomic.Bool
+	// holder holds a group's keys (in its transaction, or as leases), runner
+	// runs its handlers (isolated, whole or batch), and isolated is the
+	// runner a whole group that failed runs again under: all chosen by New.
+	holder       keyHolder
+	runner       runner
+	isolated     isolated
 	cfg          Config
 	addrs        amqpdial.Addrs
 	topo         Topology
@@ -117,14 +118,15 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if store == nil {
 		return nil, errors.New("consumer: nil store")
 	}
-	if err := c.validate(); err != nil {
+	tc := c.topologyConfig()
+	if err := c.validate(tc); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	addrs, err := amqpdial.Parse(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
-	topo := NewTopology(c.TopologyConfig())
+	topo := NewTopology(tc)
 	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
 		if !c.Testing.AllowShortRetention {
 			return nil, fmt.Errorf("consumer: %w: retention %s, retries span %s", ErrRetentionTooShort, retention, horizon)
@@ -159,7 +161,9 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		prop:         prop,
 		metrics:      m,
 	}
-	cons.strategy = cons.newStrategy()
+	cons.holder = cons.newKeyHolder()
+	cons.isolated = isolated{c: cons, bare: cons.holder.kept()}
+	cons.runner = cons.newRunner()
 	cons.notReady(errors.New("not running"))
 	return cons, nil
 }

@@ -127,7 +127,7 @@ func TestEveryOutcome(t *testing.T) {
 			t.Fatalf("effects %v", eff)
 		}
 		for _, k := range []string{"ok-1", "reject-1"} {
-			if m.optimistic() || m.batch() {
+			if m.Optimistic() || m.Batch() {
 				break // a group's handlers may run again after a batch-mate failed
 			}
 			n, _ := calls.Load(k)
@@ -136,7 +136,7 @@ func TestEveryOutcome(t *testing.T) {
 			}
 		}
 		n, _ := calls.Load("infra-1")
-		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m.optimistic() || m.batch())) {
+		if got := n.(*atomic.Int64).Load(); got != 3 && !(got > 3 && (m.Optimistic() || m.Batch())) {
 			t.Fatalf("infra handler ran %d times, want MaxAttempts=3", got)
 		}
 		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "reject-1"})
@@ -223,7 +223,7 @@ func TestInfraFailureTwiceThenSuccess(t *testing.T) {
 func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 	// Leases others can see (a held key has none: its copies wait for the
 	// holder's commit, see the crash kit's "a second copy during the first").
-	forModes(t, mode.separate, func(t *testing.T, m mode) {
+	forModes(t, mode.Separate, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Lease, c.Testing.DisableHeartbeat, c.Concurrency = time.Second, true, 2
 			c.RetryInitial = 100 * time.Millisecond
@@ -268,7 +268,7 @@ func TestSlowHandlerWithoutHeartbeatCannotCommit(t *testing.T) {
 func TestHeartbeatKeepsSlowHandlerLease(t *testing.T) {
 	// Leases others can see (a held key has none: its copies wait for the
 	// holder's commit, see the crash kit's "a second copy during the first").
-	forModes(t, mode.separate, func(t *testing.T, m mode) {
+	forModes(t, mode.Separate, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Lease, c.Concurrency = time.Second, 2
 			c.RetryInitial = 100 * time.Millisecond

@@ -18,15 +18,22 @@ func init() {
 	kit.SetCrash = func(c any, h kit.Hook) { c.(*Consumer).crash = h }
 }
 
-// crashAt calls the test kit's hook with the items that reached stage
-// together (a no-op in a consumer the kit does not run). When the hook asks
-// for a crash, the items die here as their process would: the transactions
-// in txs (those they hold open) are abandoned, their connections closed
-// under them without COMMIT or ROLLBACK, so that Postgres rolls them back;
-// and the goroutine exits, running only its deferred calls (which stop the
-// heartbeat), so nothing is released, published or acked: the leases
-// expire and the broker redelivers. The hook itself closed the broker
-// connection.
+// stage tells the test kit's hook that the items reached stage together
+// (a no-op in a consumer the kit does not run): the pipeline's boundaries
+// (after the reservation, before and after the commit) call it from
+// Consumer.execute and Consumer.commit, a step's from Delivery.Step. When
+// the hook asks for a crash, the items die here as their process would:
+// the transactions in txs (those they hold open) are abandoned, their
+// connections closed under them without COMMIT or ROLLBACK, so that
+// Postgres rolls them back; and the goroutine exits, running only its
+// deferred calls (which stop the heartbeat), so nothing is released,
+// published or acked: the leases expire and the broker redelivers. The
+// hook itself closed the broker connection.
+func (c *Consumer) stage(stage kit.Stage, items []*item, txs ...pgx.Tx) {
+	c.crashAt(stage, "", items, txs...)
+}
+
+// crashAt is stage for the items at a step (named step) or a boundary.
 func (c *Consumer) crashAt(stage kit.Stage, step string, items []*item, txs ...pgx.Tx) {
 	if c.crash == nil || len(items) == 0 {
 		return
@@ -56,18 +63,6 @@ func (c *Consumer) crashAt(stage kit.Stage, step string, items []*item, txs ...p
 func (c *Consumer) settled(it *item, outcome Outcome) {
 	if c.crash != nil {
 		c.crash(kit.At{Stage: kit.StageSettled, Deliveries: []*amqp.Delivery{it.d}, TraceIDs: []string{""}, Outcome: string(outcome)})
-	}
-}
-
-// crashTx records tx as the transaction the items' handlers run in, which
-// a crash in one of their steps abandons too (a no-op in a consumer the kit
-// does not run).
-func (c *Consumer) crashTx(items []*item, tx pgx.Tx) {
-	if c.crash == nil {
-		return
-	}
-	for _, it := range items {
-		it.del.tx = tx
 	}
 }
 

@@ -44,20 +44,25 @@
 // signature verifies; on any other delivery they are removed, and the
 // delivery is a first attempt with its own tenant and routing key.
 //
-// # One pipeline, four modes
+// # One pipeline, eight modes
 //
 // Every delivery goes through one pipeline: a collector forms groups
 // (Config.Group: Size, Linger) for Concurrency executors; a group's keys are
-// reserved with one statement; its handlers run in one transaction under
-// one heartbeat that cancels exactly the handlers whose lease was lost; each
-// delivery is then settled. By default each handler runs under its own
-// savepoint; Group.Size 1 is one transaction per message; Group.Optimistic
-// drops the savepoints; NewBatch takes a BatchHandler that handles a whole
-// group in one call. Batch handlers and optimistic groups reserve their
-// keys inside the group's transaction (one commit per group; see
-// Config.SeparateReservations). A failing message never fails its group-mates. In every
-// mode HandlerTimeout bounds one call of user code, and the transaction a
-// handler gets refuses Commit and Rollback (ErrHandlerTx).
+// reserved with one statement; its handlers run in one transaction, which
+// commits once; each delivery is then settled. New chooses, once, how the
+// handlers run: each under its own savepoint (the default; Group.Size 1 is
+// one transaction per message), Group.Optimistic without savepoints (a group
+// whose handler fails runs again with them), or a BatchHandler (NewBatch)
+// for the whole group in one call. It chooses how the keys are held: in the
+// group's transaction in every mode (one commit per group), or, with
+// Config.SeparateReservations or Config.Steps, as leases others can see,
+// reserved before the transaction and extended by one heartbeat that cancels
+// exactly the handlers whose lease was lost. Mode names the eight
+// combinations (Modes); Mode.Apply sets them in a Config. A handler that
+// calls Delivery.Step needs Config.Steps. A failing message never fails its
+// group-mates. In every mode HandlerTimeout bounds one call of user code,
+// and the transaction a handler gets refuses Commit and Rollback
+// (ErrHandlerTx). Details: docs/consumer.md.
 //
 // # Connections
 //

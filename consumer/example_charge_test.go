@@ -108,7 +108,7 @@ func ExampleDelivery_DerivedKey() {
 	}
 
 	t := &testing.T{} // in a test, the test's own
-	r := consumertest.NewRunner(store, charge, &consumer.Config{Name: "payments"})
+	r := consumertest.NewRunner(store, charge, &consumer.Config{Name: "payments", Steps: true})
 	msg := amqp.Publishing{MessageId: "order-1001", Body: []byte(`{"card":"4242","amount":4200}`)}
 	for run := 1; ; run++ {
 		fmt.Printf("attempt %d:\n", run)

@@ -73,7 +73,7 @@ func TestWorkerKilledMidHandler(t *testing.T) {
 		h := newHarness(t, m, func(c *consumer.Config) { c.Lease = 2 * time.Second })
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		separate := "0"
-		if m.separate() {
+		if m.Separate() {
 			separate = "1"
 		}
 		cmd.Env = append(os.Environ(), "IDEMQ_TEST_WORKER_QUEUE="+h.cfg.Queue, "IDEMQ_TEST_WORKER_SCHEMA="+h.schema, "IDEMQ_TEST_WORKER_SEPARATE="+separate)
@@ -119,7 +119,7 @@ func TestWorkerKilledMidHandler(t *testing.T) {
 		}
 		rec, err := h.store.Inspect(context.Background(), dedup.Scope{Consumer: "payments", Key: "killed-1"})
 		wantAttempts := 1
-		if m.separate() {
+		if m.Separate() {
 			wantAttempts = 2
 		}
 		if err != nil || rec.Attempts != wantAttempts || rec.State != dedup.StateCompleted {

@@ -21,7 +21,7 @@ func TestGroupIsolatesAFailureAndALostLease(t *testing.T) {
 		h := newHarness(t, m, func(c *consumer.Config) { c.Concurrency = 1 })
 		const n = 10
 		failing, stolen := keyOf(3, "g"), keyOf(5, "g")
-		if !m.separate() {
+		if !m.Separate() {
 			stolen = ""
 		}
 		for i := range n {

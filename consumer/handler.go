@@ -91,12 +91,11 @@ func (d *Delivery) StepDone(name string) bool { return d.lease.StepDone(name) }
 // Messages the step enqueues to the outbox get ids derived from the step,
 // so a retry that skips committed steps cannot reuse them.
 //
-// In a group whose keys are reserved inside its own transaction (the
-// default of batch handlers and optimistic groups, see
-// Config.SeparateReservations), a step, which commits on its own, cannot
-// see the key: Step then returns ErrStepInBatch, which makes the group run
-// again with separate reservations, where the step runs, and every later
-// group of the consumer reserve separately.
+// A step's transaction must see the key: declare Config.Steps, which makes
+// the consumer reserve its keys as leases others can see. Where the keys
+// are held in the group's transaction instead, Step returns ErrStepInBatch
+// without running fn (an infrastructure failure unless the handler
+// handles it: the delivery is retried).
 func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	if d.lease.HeldByTransaction() {
 		return ErrStepInBatch
@@ -117,11 +116,10 @@ func (d *Delivery) Step(ctx context.Context, name string, fn func(ctx context.Co
 	return err
 }
 
-// ErrStepInBatch is what Delivery.Step returns in a group whose keys are
-// reserved in the group's own transaction, which a step's transaction
-// cannot see (see Config.SeparateReservations); the group then runs again
-// with separate reservations.
-var ErrStepInBatch = errors.New("a step cannot run in a group whose keys are reserved in the group's transaction, which a step's transaction cannot see")
+// ErrStepInBatch is what Delivery.Step returns on a consumer that holds
+// its keys in the group's transaction, which a step's transaction cannot
+// see: one whose Config does not declare Steps (or SeparateReservations).
+var ErrStepInBatch = errors.New("a step cannot see a key held in the group's transaction: declare Config.Steps")
 
 // DerivedKey returns a deterministic key for one step of this operation, to
 // pass to an external API (a payment gateway) whose own deduplication then

@@ -68,19 +68,9 @@ func newHarness(t testing.TB, m mode, mod func(*consumer.Config)) *harness {
 		ConnectionName:  "idemq-test-" + queue,
 		OnOutcome:       h.record,
 	}
-	switch m {
-	case modeSingle:
-		h.cfg.Group.Size = 1
-	case modeGroupSeparate:
-		h.cfg.SeparateReservations = true
-	case modeSingleSeparate:
-		h.cfg.Group.Size, h.cfg.SeparateReservations = 1, true
-	case modeOptimistic:
-		h.cfg.Group.Size, h.cfg.Group.Optimistic = 16, true
-	case modeOptimisticSeparate:
-		h.cfg.Group.Size, h.cfg.Group.Optimistic, h.cfg.SeparateReservations = 16, true, true
-	case modeBatchSeparate:
-		h.cfg.SeparateReservations = true
+	m.Apply(&h.cfg)
+	if m.Optimistic() {
+		h.cfg.Group.Size = 16
 	}
 	if mod != nil {
 		mod(&h.cfg)
@@ -118,7 +108,7 @@ func (h *harness) start(n int, handler consumer.Handler) (stop func()) {
 	for range n {
 		var c *consumer.Consumer
 		var err error
-		if h.mode.batch() {
+		if h.mode.Batch() {
 			c, err = consumer.NewBatch(h.store, asBatch(handler), &h.cfg)
 		} else {
 			c, err = consumer.New(h.store, handler, &h.cfg)
@@ -281,46 +271,18 @@ var pgxNew = pgxpool.New
 
 // mode is a consumer mode the tests run in: every test that runs a
 // consumer runs in each (forEachMode).
-type mode string
+type mode = consumer.Mode
 
 const (
-	// modeGroup: group commit with a savepoint per handler, the keys
-	// reserved in the group's transaction (the default).
-	modeGroup mode = "group"
-	// modeGroupSeparate: the same with separate reservations.
-	modeGroupSeparate mode = "group-separate"
-	// modeSingle: one transaction per message (Group.Size 1).
-	modeSingle mode = "single"
-	// modeSingleSeparate: the same with a separate reservation.
-	modeSingleSeparate mode = "single-separate"
-	// modeOptimistic: group commit without a savepoint per handler, the
-	// keys reserved in the group's transaction.
-	modeOptimistic mode = "optimistic"
-	// modeOptimisticSeparate: the same with separate reservations.
-	modeOptimisticSeparate mode = "optimistic-separate"
-	// modeBatch: a BatchHandler, the keys reserved in its transaction.
-	modeBatch mode = "batch"
-	// modeBatchSeparate: a BatchHandler with separate reservations.
-	modeBatchSeparate mode = "batch-separate"
+	modeGroup              = consumer.ModeGroup
+	modeGroupSeparate      = consumer.ModeGroupSeparate
+	modeSingle             = consumer.ModeSingle
+	modeSingleSeparate     = consumer.ModeSingleSeparate
+	modeOptimistic         = consumer.ModeOptimistic
+	modeOptimisticSeparate = consumer.ModeOptimisticSeparate
+	modeBatch              = consumer.ModeBatch
+	modeBatchSeparate      = consumer.ModeBatchSeparate
 )
-
-var modes = []mode{modeGroup, modeGroupSeparate, modeSingle, modeSingleSeparate, modeOptimistic, modeOptimisticSeparate, modeBatch, modeBatchSeparate}
-
-// batch reports whether the mode runs a BatchHandler.
-func (m mode) batch() bool { return m == modeBatch || m == modeBatchSeparate }
-
-// optimistic reports whether the mode runs optimistic groups.
-func (m mode) optimistic() bool { return m == modeOptimistic || m == modeOptimisticSeparate }
-
-// separate reports whether the mode's groups reserve their keys with a
-// statement of their own (Config.SeparateReservations), so that each key
-// has a lease others can see (and a heartbeat, and a lease to lose).
-func (m mode) separate() bool {
-	return m == modeGroupSeparate || m == modeSingleSeparate || m == modeOptimisticSeparate || m == modeBatchSeparate
-}
-
-// single reports whether the mode runs one delivery per transaction.
-func (m mode) single() bool { return m == modeSingle || m == modeSingleSeparate }
 
 // forEachMode runs test once per consumer mode, as parallel subtests.
 func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {
@@ -329,7 +291,7 @@ func forEachMode(t *testing.T, test func(t *testing.T, m mode)) {
 
 // forModes runs test once per consumer mode that which accepts.
 func forModes(t *testing.T, which func(mode) bool, test func(t *testing.T, m mode)) {
-	for _, m := range modes {
+	for _, m := range consumer.Modes() {
 		if !which(m) {
 			continue
 		}

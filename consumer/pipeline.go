@@ -28,16 +28,21 @@ import (
 //	         to the first of Concurrency executors that is free; a group of
 //	         one is the per-message mode.
 //	claim    each delivery's key, tenant and fingerprint are read (prepare),
-//	         the group's keys are reserved with one statement, in the group's
-//	         transaction (held: the row lock is the lease) unless
-//	         SeparateReservations, and what is not acquired (duplicate, busy,
-//	         key reuse) is settled at once (run, claimAndExecute, claim).
-//	execute  the acquired items run under the consumer's strategy (isolated,
-//	         optimistic, batch; see strategy.go), in one transaction with one
-//	         commit; separate leases are extended by one heartbeat, which
-//	         cancels exactly the items whose lease was lost.
+//	         the group's keys are reserved with one statement by the key
+//	         holder (keys.go: in the group's transaction, or as leases), and
+//	         what is not acquired (duplicate, busy, key reuse) is settled at
+//	         once (claim).
+//	execute  the acquired items run under the consumer's runner (runner.go:
+//	         isolated, whole, batch) in one transaction.
+//	commit   the keys not completed yet are completed with one statement,
+//	         the failed ones given up (held) and the transaction committed
+//	         once (commit); a whole group that failed is rolled back and
+//	         re-queued to run isolated (requeue).
 //	settle   each item gets its outcome: acked after the commit, or replaced by
 //	         a retry or dead-letter copy the broker confirmed (settle.go).
+//
+// The key holder and the runner are chosen by New; Consumer.execute is the
+// one path, and the executor's queue of units (processItems) its one loop.
 
 // collect forms groups from in and hands them to out until in closes or
 // stop is closed; then it closes out. A group goes when it is full, or when
@@ -130,8 +135,20 @@ func (c *Consumer) runPipeline(ctx context.Context, s *session, deliveries <-cha
 	return done
 }
 
-// processGroup takes a group of deliveries to their outcomes: one reserve
-// statement, one transaction, one commit.
+// A unit is work an executor runs: items to take through claim → execute
+// → commit → settle, under the runner r. A group becomes one unit; the
+// items of a whole group that failed are re-queued as a unit of their own
+// (isolated, their keys still claimed when the key holder keeps them over a
+// rollback), and so are the repeats of a key within a group.
+type unit struct {
+	items []*item
+	r     runner
+	// prepared: the items' claims are read (prepare); claimed: their keys
+	// are acquired too.
+	prepared, claimed bool
+}
+
+// processGroup takes a group of deliveries to their outcomes.
 func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Delivery) {
 	items := make([]*item, 0, len(ds))
 	for _, d := range ds {
@@ -140,12 +157,53 @@ func (c *Consumer) processGroup(ctx context.Context, s *session, ds []*amqp.Deli
 	c.processItems(ctx, s, items)
 }
 
-// processItems takes the items of a group, just begun, to their outcomes.
+// processItems takes the items of a group, just begun, to their outcomes:
+// the group's unit, then each unit it re-queues, in turn.
 func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) {
-	// Claim what can be claimed; repeats of a key within the group wait for
-	// the group to end and then run as a group of their own (they find a
-	// duplicate, or the key free again).
-	var claimable, repeats []*item
+	queue := []unit{{items: items, r: c.runner}}
+	for len(queue) > 0 {
+		next := c.process(ctx, s, queue[0])
+		queue = append(next, queue[1:]...)
+	}
+}
+
+// process takes one unit through the pipeline's stages and returns the
+// units it re-queues: its whole group that failed, to run isolated, then
+// the repeats of a key within it, which run once it settled (they find a
+// duplicate, or the key free again).
+func (c *Consumer) process(ctx context.Context, s *session, u unit) []unit {
+	for _, it := range u.items {
+		it.queued = false // this unit finishes it, unless it queues it again
+	}
+	items, repeats := u.items, []*item(nil)
+	if !u.prepared {
+		items, repeats = c.prepareAll(s, u.items)
+	}
+	var next []unit
+	if again := c.execute(ctx, s, u, items); again != nil {
+		next = append(next, *again)
+	}
+	s.flush()
+	for _, it := range u.items {
+		if !it.queued {
+			c.finish(it)
+		}
+	}
+	if len(repeats) > 0 {
+		again := make([]*item, len(repeats))
+		for i, it := range repeats {
+			it.span.End() // the next round starts a span of its own
+			again[i] = c.begin(ctx, it.d)
+		}
+		next = append(next, unit{items: again, r: c.runner})
+	}
+	return next
+}
+
+// prepareAll reads the items' claims (prepare, which settles those that
+// cannot be claimed) and returns the claimable ones and the repeats of a
+// key another item of the group claims.
+func (c *Consumer) prepareAll(s *session, items []*item) (claimable, repeats []*item) {
 	seen := map[[2]string]bool{}
 	for _, it := range items {
 		if !c.prepare(s, it) {
@@ -153,89 +211,203 @@ func (c *Consumer) processItems(ctx context.Context, s *session, items []*item) 
 		}
 		k := [2]string{it.claim.Tenant, it.claim.Key}
 		if seen[k] {
-			it.repeat = true
+			it.queued = true
 			repeats = append(repeats, it)
 			continue
 		}
 		seen[k] = true
 		claimable = append(claimable, it)
 	}
-	c.run(ctx, s, claimable)
-	s.flush()
-	for _, it := range items {
-		if !it.repeat {
-			c.finish(it)
-		}
-	}
-	if len(repeats) > 0 {
-		again := make([]*amqp.Delivery, len(repeats))
-		for i, it := range repeats {
-			it.span.End() // the next round starts a span of its own
-			again[i] = it.d
-		}
-		c.processGroup(ctx, s, again)
-	}
+	return claimable, repeats
 }
 
-// run claims the items' keys and executes the items that acquired theirs.
-// Unless Config.SeparateReservations, the keys are reserved inside the
-// group's own transaction (held: see dedup.Store.ReserveBatchTx), so that
-// the reservations, the effects and the completions commit once; a held
-// group that must run another way (a whole group whose handler failed; a
-// handler that calls Step, which needs a lease others can see) rolls back
-// and is claimed again, as execute says.
-func (c *Consumer) run(ctx context.Context, s *session, items []*item) {
-	st := c.strategy
-	for len(items) > 0 {
-		items, st = c.claimAndExecute(ctx, s, items, st)
-	}
-}
-
-// claimAndExecute is one round of run: it claims the items' keys (in the
-// group's transaction when it holds them) and executes the acquired items
-// under st; it returns what execute returns.
-func (c *Consumer) claimAndExecute(ctx context.Context, s *session, items []*item, st strategy) ([]*item, strategy) {
-	var held pgx.Tx
-	if c.holdsKeys() {
-		var err error
-		if held, err = c.beginHeld(ctx); err != nil {
-			c.reserveFailed(s, items, err)
-			return nil, st
+// execute is the one path of a unit's items, whatever the mode: claim
+// their keys, run them under the unit's runner in one transaction, commit
+// it once, release what failed and settle each item. The key holder and
+// the runner, chosen by New, make the differences. A whole group whose
+// run failed is rolled back and returned, to run again isolated.
+func (c *Consumer) execute(ctx context.Context, s *session, u unit, items []*item) (again *unit) {
+	var tx pgx.Tx
+	if !u.claimed {
+		tx, items = c.claim(ctx, s, items)
+		if len(items) == 0 {
+			return nil
 		}
+	}
+	if tx != nil {
 		// After the commit, a no-op; also when the test kit crashes the group.
-		defer c.rollback(ctx, held)
+		defer c.rollback(ctx, tx)
 	}
-	acquired := c.claim(ctx, s, items, held)
-	if len(acquired) == 0 {
-		return nil, st
+	if !u.claimed {
+		c.stage(kit.StageAfterReserve, items, tx)
 	}
-	c.crashAt(kit.StageAfterReserve, "", acquired, held)
-	return c.execute(ctx, s, acquired, held, st)
+	done := c.handling(ctx, items)
+	defer func() { done(again != nil && again.claimed) }()
+	stop := c.holder.watch(ctx, items)
+	defer stop() // also when the test kit crashes the group (crash.go)
+	t0 := time.Now()
+	results, ok := c.runGroup(ctx, tx, u.r, items)
+	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
+	if !ok {
+		return c.requeue(ctx, tx, items)
+	}
+	c.stage(kit.StageAfterCommit, committing(items, results))
+	c.holder.release(ctx, items, results)
+	c.settle(s, items, results)
+	return nil
 }
 
-// sawSteps records that a handler called Delivery.Step in a group that
-// held its keys. Steps need leases others can see: from now on every group
-// reserves its keys separately.
-func (c *Consumer) sawSteps() {
-	if c.stepsSeen.CompareAndSwap(false, true) {
-		c.log.Info("the handler runs steps: groups reserve their keys separately from now on")
+// requeue rolls back a whole group whose run failed and returns its items
+// as a unit to run isolated: with their keys still claimed when the key
+// holder keeps them over the rollback (leases), else to claim again (held
+// keys went with the rollback).
+func (c *Consumer) requeue(ctx context.Context, tx pgx.Tx, items []*item) *unit {
+	if tx != nil {
+		c.rollback(ctx, tx)
 	}
+	for _, it := range items {
+		it.queued = true
+	}
+	return &unit{items: items, r: c.isolated, prepared: true, claimed: c.holder.kept()}
 }
 
-// holdsKeys reports whether groups reserve their keys in their own
-// transaction.
-func (c *Consumer) holdsKeys() bool {
-	return !c.cfg.SeparateReservations && !c.stepsSeen.Load()
+// runGroup runs the items under r in tx (nil: a transaction of its own)
+// and commits it once. ok false: nothing committed and nothing is decided;
+// the items must run again isolated.
+func (c *Consumer) runGroup(ctx context.Context, tx pgx.Tx, r runner, items []*item) (results []groupResult, ok bool) {
+	if tx == nil {
+		var err error
+		if tx, err = c.beginGroup(ctx); err != nil {
+			return failAll(make([]groupResult, len(items)), err), true
+		}
+		defer c.rollback(ctx, tx)
+	}
+	for _, it := range items {
+		it.del.tx = tx // a crash in one of its steps abandons it too
+	}
+	g, results, ok := r.run(ctx, tx, items)
+	if !ok {
+		return nil, false
+	}
+	return c.commit(ctx, g, r, items, results)
 }
 
-// claim reserves the items' keys with one statement, in held (the group's
-// transaction) or, when nil, on its own, and settles the items that did not
-// acquire theirs; it returns the acquired ones, in the global key order that
-// batch reservations lock in (so that two groups never wait on each other
-// in a cycle).
-func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pgx.Tx) []*item {
+// commit writes the group's outbox rows, completes the keys the runner did
+// not complete (one statement), gives up in the transaction the keys it
+// holds whose items failed, and commits: the one commit of every mode. ok
+// false: a whole group's completion failed (a lease lost); nothing
+// committed.
+func (c *Consumer) commit(ctx context.Context, g *groupTx, r runner, items []*item, results []groupResult) ([]groupResult, bool) {
+	cctx, span := c.groupSpan(ctx, items, r.commitSpan(), "idemq complete")
+	defer span.End()
+	fail := func(err error) []groupResult {
+		span.SetStatus(codes.Error, redact.Error(err))
+		return failAll(results, err)
+	}
+	if err := c.writeOutbox(cctx, g); err != nil {
+		return fail(err), true
+	}
+	var (
+		leases []*dedup.Lease
+		rs     []dedup.Result
+	)
+	for i, it := range items {
+		if r := results[i]; r.err == nil && !r.completed {
+			leases, rs = append(leases, it.lease), append(rs, r.result)
+		}
+	}
+	if len(leases) > 0 {
+		if lost, err := c.complete(cctx, g.tx, nil, leases, rs); err != nil {
+			if len(leases) > 1 {
+				span.AddEvent("idemq.group_isolated", trace.WithAttributes(attribute.Int("idemq.leases_lost", lost)))
+				return nil, false
+			}
+			return fail(err), true
+		}
+	}
+	gaveUp, err := c.holder.giveUp(cctx, g.tx, items, results)
+	if err != nil {
+		return fail(err), true
+	}
+	ok := committing(items, results)
+	if len(ok) == 0 && !gaveUp {
+		// Nothing to commit: the rollback drops what a failed handler wrote
+		// (one that ran without a savepoint).
+		return results, true
+	}
+	c.stage(kit.StageBeforeCommit, ok, g.tx)
+	if err := c.commitTx(cctx, g.tx); err != nil {
+		// The commit's fate is unknown: the keys are released (a no-op for
+		// those it did complete) and retried; a retry is a duplicate if it
+		// committed.
+		span.SetStatus(codes.Error, redact.Error(err))
+		for i := range results {
+			results[i] = groupResult{err: fmt.Errorf("commit: %w", err)}
+		}
+	}
+	return results, true
+}
+
+// complete completes the keys of leases with results in tx, with one
+// statement: the single-key one for one key (after the owed savepoint of
+// sp, if any, in the same round trip; a held key whose result is the
+// presumed one sends nothing), else the batch one. An error wrapping
+// dedup.ErrLeaseLost says how many leases were lost.
+func (c *Consumer) complete(ctx context.Context, tx pgx.Tx, sp *savepoints, leases []*dedup.Lease, results []dedup.Result) (lost int, err error) {
+	cctx, cancel := c.storeCtx(ctx)
+	defer cancel()
+	if len(leases) > 1 {
+		gone, err := c.store.CompleteBatch(cctx, tx, leases, results)
+		if err == nil && len(gone) > 0 {
+			err = fmt.Errorf("%d of the group's leases: %w", len(gone), dedup.ErrLeaseLost)
+		}
+		return len(gone), err
+	}
+	done := &pgx.Batch{}
+	if err := c.store.QueueComplete(done, leases[0], results[0]); err != nil || done.Len() == 0 {
+		return 0, err
+	}
+	if sp == nil {
+		sp = &savepoints{tx: tx} // owes none
+	}
+	b := &pgx.Batch{}
+	sp.queueOwed(b)
+	b.QueuedQueries = append(b.QueuedQueries, done.QueuedQueries...)
+	err = sp.send(cctx, b, func(pgx.BatchResults) error { return nil })
+	if errors.Is(err, dedup.ErrLeaseLost) {
+		return 1, err
+	}
+	return 0, err
+}
+
+// failedKeys returns the leases of the items whose run did not commit and
+// whose lease is not lost, each with the reason settleFailure routes its
+// delivery by, so that a key given up on reads as released by
+// permanent_error or max_attempts_exceeded.
+func (c *Consumer) failedKeys(items []*item, results []groupResult) (leases []*dedup.Lease, reasons []string) {
+	for i, it := range items {
+		if r := results[i]; r.err != nil && !errors.Is(r.err, dedup.ErrLeaseLost) {
+			leases = append(leases, it.lease)
+			reasons = append(reasons, c.releaseReason(it, r.err, r.bystander))
+		}
+	}
+	return leases, reasons
+}
+
+// claim reserves the items' keys with one statement, in the transaction
+// the key holder opens for it (held keys), else on its own, and settles the
+// items that did not acquire theirs; it returns that transaction (nil for
+// leased keys) and the acquired items, in the global key order that batch
+// reservations lock in (so that two groups never wait on each other in a
+// cycle).
+func (c *Consumer) claim(ctx context.Context, s *session, items []*item) (pgx.Tx, []*item) {
 	if len(items) == 0 {
-		return nil
+		return nil, nil
+	}
+	tx, err := c.holder.begin(ctx)
+	if err != nil {
+		c.reserveFailed(s, items, err)
+		return nil, nil
 	}
 	claims := make([]dedup.Claim, len(items))
 	for i, it := range items {
@@ -244,9 +416,9 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pg
 	rctx, cancel := c.storeCtx(ctx)
 	defer cancel()
 	rctx, rspan := c.groupSpan(rctx, items, "idemq reserve batch", "idemq reserve")
-	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", held != nil))
+	rspan.SetAttributes(attribute.Int("idemq.batch.size", len(claims)), attribute.Bool("idemq.reserve.in_tx", tx != nil))
 	t0 := time.Now()
-	res, err := c.reserve(rctx, held, claims)
+	res, err := c.holder.reserve(rctx, tx, claims)
 	c.metrics.reserveTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
 	if err == nil && len(items) == 1 {
 		rspan.SetAttributes(attribute.String("idemq.decision", res[0].Decision.String()))
@@ -256,17 +428,20 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pg
 	}
 	rspan.End()
 	if err != nil {
-		if held != nil && rctx.Err() != nil {
+		if tx != nil {
+			c.rollback(ctx, tx)
+		}
+		if tx != nil && rctx.Err() != nil {
 			// A held reservation waits for the transactions that hold the
 			// same keys: they are busy elsewhere, not failing.
 			for _, it := range items {
 				it.ev.Outcome = OutcomeInProgress
 				c.retryLater(s, it, c.topo.tierAtLeast(busyRecheck), fmt.Errorf("%w: %w", errReserve, err))
 			}
-			return nil
+			return nil, nil
 		}
 		c.reserveFailed(s, items, err)
-		return nil
+		return nil, nil
 	}
 	var acquired []*item
 	for i, it := range items {
@@ -275,10 +450,14 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item, held pg
 			acquired = append(acquired, it)
 		}
 	}
+	if len(acquired) == 0 && tx != nil {
+		c.rollback(ctx, tx)
+		return nil, nil
+	}
 	slices.SortFunc(acquired, func(a, b *item) int {
 		return cmp.Or(cmp.Compare(a.claim.Tenant, b.claim.Tenant), cmp.Compare(a.claim.Key, b.claim.Key))
 	})
-	return acquired
+	return tx, acquired
 }
 
 // reserveFailed routes items whose keys could not be reserved (the key
@@ -291,116 +470,17 @@ func (c *Consumer) reserveFailed(s *session, items []*item, err error) {
 	}
 }
 
-// reserve reserves the claims with one statement, in held when it is not
-// nil: the single-key one for a group of one (no arrays to build and sort),
-// else the batch one.
-func (c *Consumer) reserve(ctx context.Context, held pgx.Tx, claims []dedup.Claim) ([]dedup.Reservation, error) {
-	var (
-		r   dedup.Reservation
-		err error
-	)
-	switch {
-	case len(claims) > 1 && held != nil:
-		return c.store.ReserveBatchTx(ctx, held, claims)
-	case len(claims) > 1:
-		return c.store.ReserveBatch(ctx, claims)
-	case held != nil:
-		r, err = c.store.ReserveTx(ctx, held, claims[0])
-	default:
-		r, err = c.store.Reserve(ctx, claims[0])
-	}
-	return []dedup.Reservation{r}, err
-}
-
 // groupResult is one acquired item's fate inside the shared transaction.
 type groupResult struct {
 	result dedup.Result
 	err    error
+	// completed: the key is completed in the transaction already (above
+	// the item's savepoint); the others that succeeded are completed at
+	// the commit.
+	completed bool
 	// bystander: the item failed only because a group-mate broke the shared
 	// transaction; it retries without counting an attempt.
 	bystander bool
-}
-
-// execute runs the acquired items under strategy st in held, the group's
-// transaction that holds their keys, or (nil) in a transaction of its own
-// while one heartbeat extends their separate leases, and settles each item.
-// A held isolated group's items whose handler called Step leave its commit
-// with leases others can see, and run again under them. A held group whose
-// whole run failed cannot run again as it is (its keys went with the
-// rollback): execute returns its items, to be claimed again, with the
-// strategy to run them under.
-func (c *Consumer) execute(ctx context.Context, s *session, items []*item, held pgx.Tx, st strategy) ([]*item, strategy) {
-	defer c.handling(ctx, items)()
-	if held == nil {
-		stop := c.heartbeat(ctx, items)
-		defer stop() // also when the test kit crashes the group (crash.go)
-	}
-	t0 := time.Now()
-	results, next := c.attempt(ctx, items, held, st)
-	c.metrics.handlerTime.Record(ctx, time.Since(t0).Seconds(), c.metrics.with())
-	if results == nil {
-		return items, next
-	}
-	var steppers []*item
-	if held != nil {
-		n := 0
-		for i, it := range items {
-			if errors.Is(results[i].err, ErrStepInBatch) {
-				if !it.lease.HeldByTransaction() {
-					steppers = append(steppers, it) // leased by the commit
-					continue
-				}
-				// The group did not commit: its key went with the rollback.
-				results[i].bystander = true
-			}
-			items[n], results[n] = it, results[i]
-			n++
-		}
-		items, results = items[:n], results[:n]
-	}
-	c.crashAt(kit.StageAfterCommit, "", committing(items, results))
-	c.releaseFailed(ctx, items, results)
-	c.settle(s, items, results)
-	if len(steppers) > 0 {
-		c.sawSteps()
-		return c.execute(ctx, s, steppers, nil, next)
-	}
-	return nil, next
-}
-
-// attempt runs the items under st in held, or in transactions of its own:
-// a whole group that fails runs again isolated, in a new transaction. A
-// held group cannot: its keys went with the rollback, and attempt returns no
-// results and the strategy to claim the items again with.
-func (c *Consumer) attempt(ctx context.Context, items []*item, held pgx.Tx, st strategy) ([]groupResult, strategy) {
-	for tx := held; ; tx = nil {
-		results, err := c.runIn(ctx, tx, items, st)
-		if err == nil {
-			return results, st
-		}
-		if errors.Is(err, ErrStepInBatch) {
-			c.sawSteps()
-		} else {
-			st = isolated{c}
-		}
-		if held != nil {
-			return nil, st
-		}
-	}
-}
-
-// runIn runs the items under st in tx, or (nil) in a transaction of its
-// own; the transaction is rolled back unless st committed it.
-func (c *Consumer) runIn(ctx context.Context, tx pgx.Tx, items []*item, st strategy) ([]groupResult, error) {
-	if tx == nil {
-		var err error
-		if tx, err = c.beginGroup(ctx); err != nil {
-			return failAll(make([]groupResult, len(items)), err), nil
-		}
-	}
-	// After the commit, a no-op; also when the test kit crashes the group.
-	defer c.rollback(ctx, tx)
-	return st.run(ctx, tx, items)
 }
 
 // settle gives each executed item its outcome from its result.
@@ -415,18 +495,24 @@ func (c *Consumer) settle(s *session, items []*item, results []groupResult) {
 }
 
 // handling counts the items in progress and gives each its handler context
-// (cancelled with a cause when its lease is lost); the returned function
-// ends both.
-func (c *Consumer) handling(ctx context.Context, items []*item) (done func()) {
+// (cancelled with a cause when its lease is lost), unless it has one; the
+// returned function ends both, but for the handler contexts it keeps (the
+// items run again under the leases they have).
+func (c *Consumer) handling(ctx context.Context, items []*item) (done func(keep bool)) {
 	n := int64(len(items))
 	c.inFlight.Add(n)
 	c.metrics.inProgress.Add(ctx, n, c.metrics.with())
 	for _, it := range items {
-		it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
+		if it.hctx == nil {
+			it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
+		}
 	}
-	return func() {
+	return func(keep bool) {
 		for _, it := range items {
-			it.hcancel(nil)
+			if !keep {
+				it.hcancel(nil)
+				it.hctx, it.hcancel = nil, nil
+			}
 		}
 		c.inFlight.Add(-n)
 		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())

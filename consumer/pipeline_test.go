@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func TestHandlerCannotCommitOrRollBack(t *testing.T) {
 // takeover waits for the row lock; TestWholeGroupsWithDuplicatesAndPoison
 // covers them.)
 func TestLostLeaseCancelsOnlyThatHandler(t *testing.T) {
-	forModes(t, mode.separate, func(t *testing.T, m mode) {
+	forModes(t, mode.Separate, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Lease = 1500 * time.Millisecond
 			c.Concurrency = 1
@@ -211,14 +212,14 @@ func testWholeGroupsWithDuplicatesAndPoison(t *testing.T, m mode) {
 	h.queueHolds(h.cfg.Queue, 0, 10*time.Second)
 }
 
-// A per-message handler that runs steps, in optimistic groups that hold
-// their keys in the group's transaction: the first group that meets a step
-// runs again with separate reservations, and so does every later one; each
+// A per-message handler that runs steps, in optimistic groups of a
+// consumer that declares Steps: its keys are leases the steps see; each
 // step commits once per key, every key has one effect.
 func TestOptimisticGroupsWithStepsReserveSeparately(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, modeOptimistic, func(c *consumer.Config) {
 		c.Group.Linger = 50 * time.Millisecond
+		c.Steps = true
 	})
 	if _, err := h.pool.Exec(context.Background(), "CREATE TABLE "+h.schema+".charges (key text NOT NULL)"); err != nil {
 		t.Fatal(err)
@@ -261,4 +262,39 @@ func TestOptimisticGroupsWithStepsReserveSeparately(t *testing.T) {
 			t.Errorf("key %s: %d effects, %d charges; want 1 and 1", k, eff[k], charges[k])
 		}
 	}
+}
+
+// A handler that calls Step on a consumer that holds its keys in the
+// group's transaction (Steps not declared) gets ErrStepInBatch, in every
+// mode that holds them: the step never runs, and the delivery is retried,
+// then dead-lettered.
+func TestStepWithoutStepsDeclared(t *testing.T) {
+	forModes(t, func(m mode) bool { return !m.Separate() }, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		var ran atomic.Int64
+		handler := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			err := d.Step(ctx, "charge", func(context.Context, pgx.Tx) error {
+				ran.Add(1)
+				return nil
+			})
+			return consumer.Response{}, err
+		}
+		h.publish("step-undeclared", `{}`, nil)
+		stop := h.start(1, handler)
+		evs := h.waitEvents(30*time.Second, "the delivery dead-lettered", func(evs []consumer.Event) bool {
+			return countOutcomes(evs)[consumer.OutcomeDeadLettered] == 1
+		})
+		stop()
+		for _, ev := range evs {
+			if ev.Outcome != consumer.OutcomeRetried && ev.Outcome != consumer.OutcomeDeadLettered {
+				t.Errorf("outcome %s, want retried or dead_lettered", ev.Outcome)
+			}
+			if !errors.Is(ev.Err, consumer.ErrStepInBatch) {
+				t.Errorf("event error %v, want ErrStepInBatch", ev.Err)
+			}
+		}
+		if n := ran.Load(); n != 0 {
+			t.Errorf("the step ran %d times, want 0", n)
+		}
+	})
 }

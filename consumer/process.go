@@ -37,9 +37,10 @@ type item struct {
 	// errLeaseLostByBeat when the heartbeat finds the lease lost (hcancel).
 	hctx    context.Context
 	hcancel context.CancelCauseFunc
-	// repeat: the item's key is claimed by another item of its group; it
-	// runs in the next round.
-	repeat bool
+	// queued: the item runs again in a later unit (a repeat of a key of
+	// its group, a whole group's item that runs again isolated), which
+	// finishes it.
+	queued bool
 }
 
 // begin checks whether d is a copy idemq signed (removing its x-idemq-*

@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idemq/idemq/dedup"
 )
 
 // maxSavepointGroup is the largest savepoint group that stays within the
@@ -21,7 +19,7 @@ const maxSavepointGroup = 64
 // above a savepoint of its own, which its failure rolls back to (and which
 // then serves the next item). A savepoint is opened lazily: it is owed until
 // something is sent on the item's behalf, and then goes ahead of it in the
-// same round trip (handlerTx, complete). An item that sends nothing needs
+// same round trip (handlerTx, Consumer.complete). An item that sends nothing needs
 // none, so a group costs no round trip for its savepoints.
 type savepoints struct {
 	tx pgx.Tx
@@ -72,20 +70,6 @@ func (sp *savepoints) rollback(ctx context.Context) error {
 	}
 	_, err := sp.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp.name(sp.n))
 	return err
-}
-
-// complete completes the running item's key above its savepoint (opening
-// it first if owed, in the same round trip); a held lease whose result is
-// the presumed one sends nothing.
-func (sp *savepoints) complete(ctx context.Context, store *dedup.Store, l *dedup.Lease, r dedup.Result) error {
-	done := &pgx.Batch{}
-	if err := store.QueueComplete(done, l, r); err != nil || done.Len() == 0 {
-		return err
-	}
-	b := &pgx.Batch{}
-	sp.queueOwed(b)
-	b.QueuedQueries = append(b.QueuedQueries, done.QueuedQueries...)
-	return sp.send(ctx, b, func(br pgx.BatchResults) error { return nil })
 }
 
 // send sends b, whose first query is the owed savepoint when one is owed,

@@ -19,10 +19,10 @@ import (
 // nothing has nothing to roll back: the group-mates before and after each
 // of them commit, once each.
 func TestSavepointsCoverEveryKindOfStatement(t *testing.T) {
-	forModes(t, func(m mode) bool { return !m.batch() }, func(t *testing.T, m mode) {
+	forModes(t, func(m mode) bool { return !m.Batch() }, func(t *testing.T, m mode) {
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.Concurrency, c.Group.Linger = 1, 200*time.Millisecond
-			if !m.single() {
+			if !m.Single() {
 				c.Group.Size = 32
 			}
 		})

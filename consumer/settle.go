@@ -136,34 +136,6 @@ func (c *Consumer) releaseReason(it *item, herr error, bystander bool) string {
 	return string(OutcomeRetried)
 }
 
-// releaseFailed releases, with one statement bounded by StoreTimeout, the
-// keys of the items whose run did not commit (a lost lease has nothing to
-// release; a key held by the group's transaction was given up in it, or
-// went with its rollback), so that their retries take them over at once. Each key is
-// released with the reason settleFailure then routes its delivery by, so
-// that a key given up on reads as released by permanent_error or
-// max_attempts_exceeded.
-func (c *Consumer) releaseFailed(ctx context.Context, items []*item, results []groupResult) {
-	var (
-		leases  []*dedup.Lease
-		reasons []string
-	)
-	for i, it := range items {
-		if r := results[i]; r.err != nil && !errors.Is(r.err, dedup.ErrLeaseLost) && !it.lease.HeldByTransaction() {
-			leases = append(leases, it.lease)
-			reasons = append(reasons, c.releaseReason(it, r.err, r.bystander))
-		}
-	}
-	if len(leases) == 0 {
-		return
-	}
-	sctx, cancel := c.storeCtx(context.WithoutCancel(ctx))
-	defer cancel()
-	if _, err := c.store.ReleaseBatch(sctx, leases, reasons); err != nil {
-		c.log.Warn("release keys failed; the leases will expire", "keys", len(leases), "err", redact.Error(err))
-	}
-}
-
 // retryOrDeadLetter sends a failed delivery to the next retry tier, or to
 // the DLQ once MaxAttempts is reached.
 func (c *Consumer) retryOrDeadLetter(s *session, it *item, cause error) {

@@ -60,7 +60,7 @@ func noReconnect(t *testing.T, logs *logBuffer) {
 // Where the key has a lease others can see: a copy of a held key waits for
 // the holder's commit instead of finding it busy.
 func TestTenantFromUserIDCopiesKeepTheTenant(t *testing.T) {
-	forModes(t, mode.separate, func(t *testing.T, m mode) {
+	forModes(t, mode.Separate, func(t *testing.T, m mode) {
 		logs := &logBuffer{}
 		h := newHarness(t, m, func(c *consumer.Config) {
 			c.TenantFromUserID = true
