@@ -79,7 +79,8 @@ func (c *Consumer) callBatch(ctx context.Context, items []*item, g *groupTx) ([]
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	for _, it := range items {
-		stop := context.AfterFunc(it.hctx, func() { lost(context.Cause(it.hctx)) })
+		hctx := it.hctx // the item's field is cleared when its handling ends
+		stop := context.AfterFunc(hctx, func() { lost(context.Cause(hctx)) })
 		defer stop()
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)

@@ -110,7 +110,7 @@ func TestStepsResumeAfterAFailedRun(t *testing.T) {
 		}
 		return consumer.Response{Code: 201, Body: []byte("done")}, f.effect(ctx, tx, d.Key, "receipt")
 	}
-	r := consumertest.NewRunner(f.store, handle, &consumer.Config{Name: "payments"})
+	r := consumertest.NewRunner(f.store, handle, &consumer.Config{Name: "payments", Steps: true})
 
 	first := r.Run(t, message("order-1"))
 	wantOutcome(t, first, consumer.OutcomeRetried)
@@ -334,8 +334,8 @@ func TestTenantAndOutboxClaim(t *testing.T) {
 	if err := f.pool.QueryRow(context.Background(), "SELECT message_id FROM "+f.table("outbox")).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	claim := outbox.Claim{Consumer: consumertest.DefaultName, Tenant: "acme", Key: "order-7"}
-	if want := outbox.MessageID(claim, 1); id != want {
+	scope := dedup.Scope{Consumer: consumertest.DefaultName, Tenant: "acme", Key: "order-7"}
+	if want := outbox.MessageID(scope, "", 1); id != want {
 		t.Fatalf("outbox message id %s, want %s (derived from the claim)", id, want)
 	}
 }

@@ -72,30 +72,23 @@ func PointInStep(name string) string { return "in step " + name + ", before its 
 // recovery point), before the handler goes on.
 func PointAfterStep(name string) string { return "after step " + name + " commits" }
 
-// Mode is how a consumer runs its handlers: one of the execution modes of
-// package consumer. A crash test runs in one mode; Modes lists them all,
-// for a table of tests.
-type Mode string
+// Mode is how a consumer runs its handlers and holds its keys: one of
+// the modes of package consumer (consumer.Mode), the one type the
+// consumer's tests, this kit and `idemq bench` run. A crash test runs in
+// one mode; Modes lists them all, for a table of tests.
+type Mode = consumer.Mode
 
-// The modes.
+// The modes the kit runs (see consumer.Modes for the separate ones, which
+// it runs too).
 const (
-	// ModeSingle: one delivery per transaction (Config.Group.Size 1).
-	ModeSingle Mode = "single"
-	// ModeGroup: group commit, isolated: the group's keys reserved with one
-	// statement in the group's transaction, each handler under a savepoint
-	// of it, one commit (the consumer's default).
-	ModeGroup Mode = "group"
-	// ModeOptimistic: group commit without savepoints
-	// (Config.Group.Optimistic): if a handler fails, the group runs again
-	// with savepoints.
-	ModeOptimistic Mode = "optimistic"
-	// ModeBatch: a consumer.BatchHandler (consumer.NewBatch) handles the
-	// group in one call.
-	ModeBatch Mode = "batch"
+	ModeSingle     = consumer.ModeSingle
+	ModeGroup      = consumer.ModeGroup
+	ModeOptimistic = consumer.ModeOptimistic
+	ModeBatch      = consumer.ModeBatch
 )
 
-// Modes returns every mode, in the order above.
-func Modes() []Mode { return []Mode{ModeSingle, ModeGroup, ModeOptimistic, ModeBatch} }
+// Modes returns every mode, as consumer.Modes.
+func Modes() []Mode { return consumer.Modes() }
 
 // Subject is one fresh copy of what a crash test runs: the store (on a
 // schema of its own), the handler and whatever it acts on, and the check
@@ -111,10 +104,9 @@ type Subject struct {
 	// the batch handler calls Handler on each delivery of the batch in
 	// turn, in the batch's transaction.
 	BatchHandler consumer.BatchHandler
-	// Mode is the mode the consumer runs in. Zero: the mode Config and
-	// BatchHandler make (ModeBatch with a BatchHandler, ModeOptimistic
-	// with Group.Optimistic, ModeSingle with a Group.Size of 1, else
-	// ModeGroup, the consumer's default).
+	// Mode is the mode the consumer runs in, applied to Config
+	// (Mode.Apply). Zero: the mode Config and BatchHandler make
+	// (consumer.ModeOf).
 	Mode Mode
 	// Config is the consumer's configuration, as for consumer.New. URL,
 	// the broker's (one AMQP URL, or several separated by commas), is
@@ -281,21 +273,12 @@ func (s Subject) mode() (Mode, error) {
 	}
 	m := s.Mode
 	if m == "" {
-		switch {
-		case s.BatchHandler != nil:
-			m = ModeBatch
-		case cfg.Group.Optimistic:
-			m = ModeOptimistic
-		case cfg.Group.Size == 1:
-			m = ModeSingle
-		default:
-			m = ModeGroup
-		}
+		m = consumer.ModeOf(&cfg, s.BatchHandler != nil)
 	}
 	switch {
-	case !slices.Contains(Modes(), m):
+	case !m.Valid():
 		return "", fmt.Errorf("unknown mode %q", m)
-	case s.BatchHandler != nil && m != ModeBatch:
+	case s.BatchHandler != nil && !m.Batch():
 		return "", fmt.Errorf("the Subject has a BatchHandler, which mode %s does not run", m)
 	case s.Handler == nil && s.BatchHandler == nil:
 		return "", errors.New("the setup's Subject needs a Handler (or a BatchHandler)")

@@ -153,10 +153,9 @@ func newPointRun(tb testing.TB, subject Subject, deliveries []amqp.Publishing, p
 	cfg.Name = cmp.Or(cfg.Name, DefaultName)
 	cfg.Lease = cmp.Or(cfg.Lease, CrashLease)
 	cfg.Concurrency, cfg.Prefetch = 1, 0
-	if mode == ModeSingle {
-		cfg.Group.Size, cfg.Group.Optimistic = 1, false
-	} else {
-		cfg.Group.Size, cfg.Group.Optimistic = max(2, len(deliveries)), mode == ModeOptimistic
+	mode.Apply(&cfg)
+	if !mode.Single() {
+		cfg.Group.Size = max(2, len(deliveries))
 		cfg.Group.Linger = cmp.Or(cfg.Group.Linger, groupLinger)
 	}
 	if cfg.Logger == nil {
@@ -534,7 +533,7 @@ func (k *pointRun) start(o workerOpts) (*worker, error) {
 		c   *consumer.Consumer
 		err error
 	)
-	if k.mode == ModeBatch {
+	if k.mode.Batch() {
 		c, err = consumer.NewBatch(k.subject.Store, w.batchHandler(o), &cfg)
 	} else {
 		c, err = consumer.New(k.subject.Store, w.handler(o), &cfg)

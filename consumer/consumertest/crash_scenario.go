@@ -17,7 +17,7 @@ import (
 
 // waves are the deliveries in the waves of a scenario.
 func (k *pointRun) waves() [][]amqp.Publishing {
-	if k.mode != ModeSingle {
+	if !k.mode.Single() {
 		return [][]amqp.Publishing{k.deliveries}
 	}
 	var ws [][]amqp.Publishing

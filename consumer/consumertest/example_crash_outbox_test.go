@@ -117,7 +117,7 @@ func ExampleCrashPoints_downstream() {
 			}
 			return consumertest.Subject{
 				Store: store, Handler: chargeWithReceipt(s, name), Check: s.check("order-1001"),
-				Config: &consumer.Config{URL: amqpURL},
+				Config: &consumer.Config{URL: amqpURL, Steps: true},
 				Downstream: &consumertest.Downstream{Queue: name,
 					Check: func(_ context.Context, msgs []amqp.Delivery) error { return receiptsApplied(msgs, dedupByID) }},
 			}

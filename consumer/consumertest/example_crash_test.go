@@ -185,7 +185,7 @@ func ExampleCrashPoints() {
 				Store: store, Handler: handler(s), Check: s.check("order-1001"),
 				// The consumer's configuration: the broker, and whatever the
 				// production consumer sets (its mode: the default, groups).
-				Config: &consumer.Config{URL: amqpURL},
+				Config: &consumer.Config{URL: amqpURL, Steps: true},
 			}
 		}
 	}

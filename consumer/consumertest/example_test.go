@@ -63,7 +63,7 @@ func ExampleRunHandler() {
 		})
 		return consumer.Response{Code: 201}, err
 	}
-	r := consumertest.NewRunner(store, order, &consumer.Config{Name: "orders"})
+	r := consumertest.NewRunner(store, order, &consumer.Config{Name: "orders", Steps: true})
 	msg := amqp.Publishing{MessageId: "order-1001", Body: []byte(`{"sku":"tea","amount":4200}`)}
 
 	fmt.Println("run 1:")

@@ -30,11 +30,11 @@ const (
 )
 
 // RunHandler runs h on one delivery of msg, as a consumer with the default
-// configuration (Name DefaultName) would, and returns what happened; see
-// Runner.Run.
+// configuration (Name DefaultName) that declares Steps (so h may run
+// steps) would, and returns what happened; see Runner.Run.
 func RunHandler(tb testing.TB, store *dedup.Store, h consumer.Handler, msg amqp.Publishing) *Result {
 	tb.Helper()
-	return NewRunner(store, h, nil).Run(tb, msg)
+	return NewRunner(store, h, &consumer.Config{Steps: true}).Run(tb, msg)
 }
 
 // Runner runs a handler the way a consumer configured by its Config runs
