@@ -140,10 +140,8 @@ type scenario struct {
 	mode       mode
 	groupSize  int
 	duplicates float64
-	optimistic bool
-	// separate: Config.SeparateReservations (keys reserved before the
-	// group's transaction, under leases others see).
-	separate bool
+	// consumer is the mode of an idemq row (mode modeIdemq).
+	consumer consumer.Mode
 	// concurrency and linger, when set, replace the run's concurrency and
 	// the default linger (the shape of the reference consumer).
 	concurrency int
@@ -229,17 +227,17 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	// The per-message group rows run the library's default group size.
 	g := consumer.DefaultGroupSize
 	scenarios = append(scenarios,
-		scenario{name: "idemq per-message (1 tx/msg)", mode: modeSingle, groupSize: 1},
-		scenario{name: "idemq per-message, separate reservation", mode: modeSingle, groupSize: 1, separate: true},
-		scenario{name: fmt.Sprintf("idemq per-message, group commit %d", g), mode: modeGroup, groupSize: g},
-		scenario{name: fmt.Sprintf("idemq group commit %d, separate reservations", g), mode: modeGroup, groupSize: g, separate: true},
-		scenario{name: fmt.Sprintf("idemq per-message, optimistic group %d", g), mode: modeGroup, groupSize: g, optimistic: true},
-		scenario{name: fmt.Sprintf("idemq optimistic %d, separate reservations", g), mode: modeGroup, groupSize: g, optimistic: true, separate: true},
-		scenario{name: "idemq batch handler 100", mode: modeBatch, groupSize: 100},
-		scenario{name: "idemq batch 100, separate reservations", mode: modeBatch, groupSize: 100, separate: true},
-		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
-		scenario{name: fmt.Sprintf("idemq optimistic group %d, 20%% dup", g), mode: modeGroup, groupSize: g, optimistic: true, duplicates: 0.2},
-		scenario{name: "idemq batch 100, 20% dup", mode: modeBatch, groupSize: 100, duplicates: 0.2},
+		scenario{name: "idemq per-message (1 tx/msg)", mode: modeIdemq, consumer: consumer.ModeSingle, groupSize: 1},
+		scenario{name: "idemq per-message, separate reservation", mode: modeIdemq, consumer: consumer.ModeSingleSeparate, groupSize: 1},
+		scenario{name: fmt.Sprintf("idemq per-message, group commit %d", g), mode: modeIdemq, consumer: consumer.ModeGroup, groupSize: g},
+		scenario{name: fmt.Sprintf("idemq group commit %d, separate reservations", g), mode: modeIdemq, consumer: consumer.ModeGroupSeparate, groupSize: g},
+		scenario{name: fmt.Sprintf("idemq per-message, optimistic group %d", g), mode: modeIdemq, consumer: consumer.ModeOptimistic, groupSize: g},
+		scenario{name: fmt.Sprintf("idemq optimistic %d, separate reservations", g), mode: modeIdemq, consumer: consumer.ModeOptimisticSeparate, groupSize: g},
+		scenario{name: "idemq batch handler 100", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100},
+		scenario{name: "idemq batch 100, separate reservations", mode: modeIdemq, consumer: consumer.ModeBatchSeparate, groupSize: 100},
+		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
+		scenario{name: fmt.Sprintf("idemq optimistic group %d, 20%% dup", g), mode: modeIdemq, consumer: consumer.ModeOptimistic, groupSize: g, duplicates: 0.2},
+		scenario{name: "idemq batch 100, 20% dup", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, duplicates: 0.2},
 	)
 	if o.WatermillDir != "" {
 		scenarios = append(scenarios,
@@ -630,7 +628,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Optimistic: sc.optimistic, Separate: sc.separate, Linger: sc.linger}
+		Consumer: sc.consumer, Linger: sc.linger}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error

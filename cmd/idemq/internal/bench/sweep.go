@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // sweepPoint is one measurement of group commit throughput.
@@ -38,13 +40,13 @@ func runSweep(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Con
 			cleanupQueue(conn, queue)
 			return nil, err
 		}
-		m := modeGroup
+		m := consumer.ModeOptimistic
 		if p.GroupSize == 1 {
-			m = modeSingle
+			m = consumer.ModeSingle
 		}
-		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema,
+		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: modeIdemq, Consumer: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema,
 			Queue: queue, Count: n, MaxDuration: 5 * time.Second, Concurrency: p.Concurrency,
-			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize, Optimistic: true})
+			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize})
 		cleanupQueue(conn, queue)
 		if err != nil {
 			return nil, err

@@ -34,10 +34,8 @@ const headerSent = "x-bench-sent"
 type mode string
 
 const (
-	modeBare   mode = "bare"   // amqp091-go consume + ack, nothing else
-	modeSingle mode = "single" // idemq, one transaction per message
-	modeGroup  mode = "group"  // idemq, group commit (savepoints)
-	modeBatch  mode = "batch"  // idemq, batch handler
+	modeBare  mode = "bare"  // amqp091-go consume + ack, nothing else
+	modeIdemq mode = "idemq" // idemq, in the workerSpec's Consumer mode
 
 	// The publishing side.
 	modePublish mode = "publish" // bare publisher with confirms, a window of them outstanding
@@ -58,9 +56,9 @@ type workerSpec struct {
 	Concurrency int           `json:"concurrency"`
 	Prefetch    int           `json:"prefetch"`
 	GroupSize   int           `json:"group_size"`
-	Optimistic  bool          `json:"optimistic"`
-	Separate    bool          `json:"separate"`
-	Linger      time.Duration `json:"linger,omitempty"`
+	// Consumer is the mode an idemq worker runs (consumer.Mode.Apply).
+	Consumer consumer.Mode `json:"consumer,omitempty"`
+	Linger   time.Duration `json:"linger,omitempty"`
 	// Publishing side: the queue published to, the body size, the
 	// publisher's confirm window, the relay's batch size.
 	Target    string `json:"target,omitempty"`
@@ -249,7 +247,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	sent := map[string]amqp.Table{} // key hash → headers of paced messages
 	cfg := &consumer.Config{
 		URL: spec.AMQPURL, Queue: spec.Queue, Name: "bench", SkipDeclare: true,
-		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, Group: consumer.Group{Size: spec.GroupSize, Optimistic: spec.Optimistic}, SeparateReservations: spec.Separate,
+		Concurrency: spec.Concurrency, Prefetch: spec.Prefetch, Group: consumer.Group{Size: spec.GroupSize},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnOutcome: func(e consumer.Event) {
 			sentMu.Lock()
@@ -269,6 +267,8 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 			sentMu.Unlock()
 		}
 	}
+	spec.Consumer.Apply(cfg)
+	cfg.Group.Size = spec.GroupSize
 	cfg.Group.Linger = spec.Linger
 	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
 		cfg.Group.Linger, _ = time.ParseDuration(v)
@@ -277,7 +277,7 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 	// per delivery (Config.IndividualAcks).
 	cfg.IndividualAcks = os.Getenv("IDEMQ_BENCH_INDIVIDUAL_ACKS") == "1"
 	var c *consumer.Consumer
-	if spec.Mode == modeBatch {
+	if spec.Consumer.Batch() {
 		c, err = consumer.NewBatch(store, func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([]consumer.Response, error) {
 			keys := make([]string, len(ds))
 			for i, d := range ds {
