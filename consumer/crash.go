@@ -33,6 +33,24 @@ func (c *Consumer) stage(stage kit.Stage, items []*item, txs ...pgx.Tx) {
 	c.crashAt(stage, "", items, txs...)
 }
 
+// stageCommitting is stage for the items whose handlers succeeded: those
+// the group's commit commits.
+func (c *Consumer) stageCommitting(stage kit.Stage, items []*item, results []groupResult, txs ...pgx.Tx) {
+	if c.crash != nil {
+		c.stage(stage, committing(items, results), txs...)
+	}
+}
+
+// succeeded reports whether any item's handler succeeded.
+func succeeded(results []groupResult) bool {
+	for _, r := range results {
+		if r.err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // crashAt is stage for the items at a step (named step) or a boundary.
 func (c *Consumer) crashAt(stage kit.Stage, step string, items []*item, txs ...pgx.Tx) {
 	if c.crash == nil || len(items) == 0 {

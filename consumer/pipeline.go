@@ -251,7 +251,7 @@ func (c *Consumer) execute(ctx context.Context, s *session, u unit, items []*ite
 	if !ok {
 		return c.requeue(ctx, tx, items)
 	}
-	c.stage(kit.StageAfterCommit, committing(items, results))
+	c.stageCommitting(kit.StageAfterCommit, items, results)
 	c.holder.release(ctx, items, results)
 	c.settle(s, items, results)
 	return nil
@@ -329,13 +329,12 @@ func (c *Consumer) commit(ctx context.Context, g *groupTx, r runner, items []*it
 	if err != nil {
 		return fail(err), true
 	}
-	ok := committing(items, results)
-	if len(ok) == 0 && !gaveUp {
+	if !succeeded(results) && !gaveUp {
 		// Nothing to commit: the rollback drops what a failed handler wrote
 		// (one that ran without a savepoint).
 		return results, true
 	}
-	c.stage(kit.StageBeforeCommit, ok, g.tx)
+	c.stageCommitting(kit.StageBeforeCommit, items, results, g.tx)
 	if err := c.commitTx(cctx, g.tx); err != nil {
 		// The commit's fate is unknown: the keys are released (a no-op for
 		// those it did complete) and retried; a retry is a duplicate if it
