@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/outbox"
 )
@@ -12,9 +13,5 @@ import (
 // derived from its key (the same on every retry).
 func (c *Consumer) withClaim(ctx context.Context, del *Delivery) context.Context {
 	ctx = outbox.NewContext(ctx, c.outbox)
-	return claim.With(ctx, claim.Claim{
-		Consumer: c.cfg.Name,
-		Tenant:   del.Tenant,
-		Key:      del.Key,
-	})
+	return claim.With(ctx, dedup.Scope{Consumer: c.cfg.Name, Tenant: del.Tenant, Key: del.Key})
 }

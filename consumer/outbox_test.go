@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -38,8 +39,8 @@ func TestOutboxRowsCommitWithTheKeyAndKeepTheirIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claim := outbox.Claim{Consumer: "payments", Key: "order-77"}
-		want := []string{outbox.MessageID(claim, 1), outbox.MessageID(claim, 2)}
+		scope := dedup.Scope{Consumer: "payments", Key: "order-77"}
+		want := []string{outbox.MessageID(scope, "", 1), outbox.MessageID(scope, "", 2)}
 		if fmt.Sprint(ids) != fmt.Sprint(want) {
 			t.Fatalf("outbox message ids %v, want %v (only the committed attempt's, derived from the key)", ids, want)
 		}

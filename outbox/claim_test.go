@@ -23,8 +23,8 @@ func TestNoPublicWayToSetAClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	ctx := outbox.WithStep(outbox.NewContext(context.Background(), e.ob), "capture")
-	if c, ok := outbox.ClaimFrom(ctx); ok {
-		t.Fatalf("claim %+v in a context made with the public API", c)
+	if c, _, ok := outbox.ScopeFrom(ctx); ok {
+		t.Fatalf("scope %+v in a context made with the public API", c)
 	}
 	var ids []string
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {

@@ -72,9 +72,9 @@ func Example() {
 	if err := pool.QueryRow(ctx, "SELECT message_id FROM "+dbSchema+".outbox").Scan(&id); err != nil {
 		log.Fatal(err)
 	}
-	claim := outbox.Claim{Consumer: "payments", Key: "charge-o-1"}
+	scope := dedup.Scope{Consumer: "payments", Key: "charge-o-1"}
 	fmt.Println("pending:", b.Pending)
-	fmt.Println("message id:", id, id == outbox.MessageID(claim, 1))
+	fmt.Println("message id:", id, id == outbox.MessageID(scope, "", 1))
 	// Output:
 	// processed
 	// pending: 1

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/fieldtable"
 	"github.com/idemq/idemq/outbox"
@@ -27,10 +28,10 @@ func TestMessageIDFromClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
 	ctx := context.Background()
-	c := outbox.Claim{Consumer: "payments", Tenant: "t1", Key: "charge-1"}
+	c := dedup.Scope{Consumer: "payments", Tenant: "t1", Key: "charge-1"}
 	// What the consumer runtime does before it runs a handler.
 	underClaim := func() context.Context {
-		return outbox.NewContext(claim.With(ctx, claim.Claim(c)), e.ob)
+		return outbox.NewContext(claim.With(ctx, c), e.ob)
 	}
 
 	enqueueUnder := func(ctx context.Context) []string {
@@ -59,7 +60,7 @@ func TestMessageIDFromClaim(t *testing.T) {
 	}
 
 	first := enqueueUnder(underClaim())
-	want := []string{outbox.MessageID(c, 1), "explicit", outbox.MessageID(c, 2), outbox.MessageID(c, 3)}
+	want := []string{outbox.MessageID(c, "", 1), "explicit", outbox.MessageID(c, "", 2), outbox.MessageID(c, "", 3)}
 	if !reflect.DeepEqual(first, want) {
 		t.Fatalf("message ids = %v, want %v", first, want)
 	}
@@ -71,20 +72,23 @@ func TestMessageIDFromClaim(t *testing.T) {
 		t.Fatalf("retry message ids = %v, want %v", again, first)
 	}
 	// Another tenant, key or step gives other ids.
-	for _, other := range []outbox.Claim{
-		{Consumer: "payments", Tenant: "t2", Key: "charge-1"},
-		{Consumer: "payments", Tenant: "t1", Key: "charge-2"},
-		{Consumer: "payments", Tenant: "t1", Key: "charge-1", Step: "s"},
+	for _, other := range []struct {
+		sc   dedup.Scope
+		step string
+	}{
+		{dedup.Scope{Consumer: "payments", Tenant: "t2", Key: "charge-1"}, ""},
+		{dedup.Scope{Consumer: "payments", Tenant: "t1", Key: "charge-2"}, ""},
+		{c, "s"},
 	} {
-		if outbox.MessageID(other, 1) == first[0] {
-			t.Fatalf("claim %+v shares message id %s", other, first[0])
+		if outbox.MessageID(other.sc, other.step, 1) == first[0] {
+			t.Fatalf("scope %+v, step %q shares message id %s", other.sc, other.step, first[0])
 		}
 	}
 	stepCtx := outbox.WithStep(underClaim(), "capture")
-	if got, ok := outbox.ClaimFrom(stepCtx); !ok || got.Step != "capture" || got.Key != "charge-1" {
-		t.Fatalf("claim in step context = %+v, %v", got, ok)
+	if got, step, ok := outbox.ScopeFrom(stepCtx); !ok || step != "capture" || got != c {
+		t.Fatalf("scope in step context = %+v, %q, %v", got, step, ok)
 	}
-	if step := enqueueUnder(stepCtx); step[0] != outbox.MessageID(outbox.Claim{Consumer: "payments", Tenant: "t1", Key: "charge-1", Step: "capture"}, 1) {
+	if step := enqueueUnder(stepCtx); step[0] != outbox.MessageID(c, "capture", 1) {
 		t.Fatalf("step message id = %s", step[0])
 	}
 }
@@ -93,7 +97,7 @@ func TestEnqueueWithoutClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
 	ctx := context.Background()
-	if _, ok := outbox.ClaimFrom(ctx); ok {
+	if _, _, ok := outbox.ScopeFrom(ctx); ok {
 		t.Fatal("claim in a bare context")
 	}
 	var id string

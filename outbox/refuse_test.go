@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/testamqp"
@@ -108,13 +109,13 @@ func TestRelayRetriesARefusalOnceConnected(t *testing.T) {
 	}()
 	enqueue := func(key string) {
 		t.Helper()
-		c := outbox.Claim{Consumer: "writer", Key: key}
+		c := dedup.Scope{Consumer: "writer", Key: key}
 		tx, err := e.pool.Begin(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(context.Background()) }()
-		if err := e.ob.Enqueue(claim.With(context.Background(), claim.Claim(c)), tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, Body: []byte(key)}); err != nil {
+		if err := e.ob.Enqueue(claim.With(context.Background(), c), tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, Body: []byte(key)}); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Commit(context.Background()); err != nil {

@@ -46,13 +46,13 @@ func (e *env) enqueueRows(t testing.TB, n, writers, perTx, rollbackEvery int) (c
 			for txn := 0; share > 0; txn++ {
 				rollback := rollbackEvery > 0 && txn%rollbackEvery == rollbackEvery-1
 				size := min(perTx, share)
-				c := outbox.Claim{Consumer: "writer", Tenant: strconv.Itoa(w), Key: fmt.Sprintf("tx-%d", txn)}
-				cctx := claim.With(ctx, claim.Claim(c))
+				c := dedup.Scope{Consumer: "writer", Tenant: strconv.Itoa(w), Key: fmt.Sprintf("tx-%d", txn)}
+				cctx := claim.With(ctx, c)
 				msgs := make([]outbox.Message, size)
 				ids := make([]string, size)
 				for i := range msgs {
 					msgs[i] = outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, Body: []byte(strconv.Itoa(i))}
-					ids[i] = outbox.MessageID(c, int64(i+1))
+					ids[i] = outbox.MessageID(c, "", int64(i+1))
 				}
 				tx, err := e.pool.Begin(ctx)
 				if err != nil {

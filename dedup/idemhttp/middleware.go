@@ -207,7 +207,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	st := &state{tx: requestTx{tx}, key: lease.Key}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
-	ctx = claim.With(ctx, claim.Claim{Consumer: lease.Consumer, Tenant: lease.Tenant, Key: lease.Key})
+	ctx = claim.With(ctx, lease.Scope)
 	rec := newCapture(w)
 	panicked, abort := m.call(next, rec, r.WithContext(ctx))
 	stopBeat()
@@ -299,8 +299,8 @@ func (m *Middleware) call(next http.Handler, w http.ResponseWriter, r *http.Requ
 }
 
 func keyHash(r *http.Request) string {
-	if c, ok := claim.From(r.Context()); ok {
-		return dedup.Scope{Consumer: c.Consumer, Tenant: c.Tenant, Key: c.Key}.KeyHash()
+	if sc, _, ok := claim.From(r.Context()); ok {
+		return sc.KeyHash()
 	}
 	return ""
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/wire"
 	"github.com/idemq/idemq/outbox"
@@ -134,7 +135,7 @@ func (o op) forwardedID(consumerName string) string {
 	if twinRoute(o.Kind) != "" {
 		return twinMessageID(o.Index)
 	}
-	return outbox.MessageID(outbox.Claim{Consumer: consumerName, Tenant: o.Tenant, Key: o.Key}, 1)
+	return outbox.MessageID(dedup.Scope{Consumer: consumerName, Tenant: o.Tenant, Key: o.Key}, "", 1)
 }
 
 // publication is one entry of the publication order: copies > 1 is a burst.
