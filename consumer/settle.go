@@ -181,7 +181,9 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, headers amqp.Table, spanName string) (ok bool) {
 	ctx, d := it.ctx, it.d
 	msg := c.replacement(d, it.ev, headers)
-	pctx, span := msgspan.StartPublish(ctx, c.tracer, msgspan.Publish{Name: spanName, Exchange: exchange, RoutingKey: key, MessageID: d.MessageId})
+	// No messaging.message.id: a delivery's message id is often its raw
+	// idempotency key, which stays out of spans (the key's hash is on them).
+	pctx, span := msgspan.StartPublish(ctx, c.tracer, msgspan.Publish{Name: spanName, Exchange: exchange, RoutingKey: key})
 	c.prop.Inject(pctx, msgspan.Headers(msg.Headers))
 	budget := s.pub.FrameMax()
 	if budget > 0 && exchange != c.topo.DLX {

@@ -2,7 +2,6 @@ package redact_test
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -139,16 +138,19 @@ func TestIdempotent(t *testing.T) {
 	}
 }
 
-func ExampleURL() {
-	fmt.Println(redact.URL("postgres://app:p@ss@db:5432/idemq?sslmode=require&sslpassword=k3y"))
-	fmt.Println(redact.URL("amqp://guest:guest@node1:5672/,amqp://node2:5672/"))
-	// Output:
-	// postgres://xxxxx@db:5432/idemq?sslmode=require&sslpassword=xxxxx
-	// amqp://xxxxx@node1:5672/,amqp://node2:5672/
-}
-
-func ExampleDSN() {
-	fmt.Println(redact.DSN(`host=db user=app password='it\'s' dbname=idemq`))
-	// Output:
-	// host=db user=app password=xxxxx dbname=idemq
+// TestDocumentedShapes checks the shapes the package doc shows.
+func TestDocumentedShapes(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://app:p@ss@db:5432/idemq?sslmode=require&sslpassword=k3y": "postgres://xxxxx@db:5432/idemq?sslmode=require&sslpassword=xxxxx",
+		"amqp://guest:guest@node1:5672/,amqp://node2:5672/":                 "amqp://xxxxx@node1:5672/,amqp://node2:5672/",
+	} {
+		if got := redact.URL(in); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	in, want := `host=db user=app password='it\'s' dbname=idemq`, "host=db user=app password=xxxxx dbname=idemq"
+	if got := redact.DSN(in); got != want {
+		t.Errorf("DSN(%q) = %q, want %q", in, got, want)
+	}
 }
