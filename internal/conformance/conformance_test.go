@@ -19,7 +19,7 @@ func TestConformance(t *testing.T) {
 		conformance.Run(t, conformance.NewHTTPDoor(pool))
 	})
 	for _, m := range conformance.Modes() {
-		t.Run("consumer/"+m.Name, func(t *testing.T) {
+		t.Run("consumer/"+string(m), func(t *testing.T) {
 			t.Parallel()
 			conformance.Run(t, conformance.NewConsumerDoor(pool, m))
 		})

@@ -25,38 +25,11 @@ import (
 	"github.com/idemq/idemq/internal/wire"
 )
 
-// Mode is a consumer mode a door runs in: a consumertest.Mode, with or
-// without separate reservations.
-//
-// TODO(modes): package consumer is to export one mode type; switch this
-// table to it when it lands.
-type Mode struct {
-	Name     string
-	Kit      consumertest.Mode
-	Separate bool
-}
+// Mode is one of the consumer's modes (consumer.Modes).
+type Mode = consumer.Mode
 
-// Modes are the consumer's modes, as consumer/harness_test.go lists them.
-//
-// TODO(modes): the exported list of package consumer.
-func Modes() []Mode {
-	var out []Mode
-	for _, m := range []consumertest.Mode{consumertest.ModeGroup, consumertest.ModeSingle, consumertest.ModeOptimistic, consumertest.ModeBatch} {
-		out = append(out, Mode{Name: string(m), Kit: m}, Mode{Name: string(m) + "-separate", Kit: m, Separate: true})
-	}
-	return out
-}
-
-// configure sets what mode m is on cfg.
-func (m Mode) configure(cfg *consumer.Config) {
-	cfg.SeparateReservations = m.Separate
-	switch m.Kit {
-	case consumertest.ModeSingle:
-		cfg.Group.Size = 1
-	case consumertest.ModeOptimistic:
-		cfg.Group.Size, cfg.Group.Optimistic = 16, true
-	}
-}
+// Modes are the consumer's modes: consumer.Modes.
+func Modes() []Mode { return consumer.Modes() }
 
 // The consumer doors' names.
 const (
@@ -118,7 +91,7 @@ func NewConsumerDoor(pool *pgxpool.Pool, m Mode) NewDoor {
 			TracerProvider:  sdktrace.NewTracerProvider(),
 			OnOutcome:       d.event,
 		}
-		m.configure(&d.cfg)
+		m.Apply(&d.cfg)
 		topo := consumer.NewTopology(d.cfg.TopologyConfig())
 		queues := []string{topo.Queue, topo.DLQ}
 		for _, delay := range topo.Delays {
@@ -150,7 +123,7 @@ func NewConsumerDoor(pool *pgxpool.Pool, m Mode) NewDoor {
 
 		h := d.handler(handle, schema)
 		var c *consumer.Consumer
-		if m.Kit == consumertest.ModeBatch {
+		if m.Batch() {
 			c, err = consumer.NewBatch(store, asBatch(h), &d.cfg)
 		} else {
 			c, err = consumer.New(store, h, &d.cfg)
@@ -203,7 +176,7 @@ func asBatch(h consumer.Handler) consumer.BatchHandler {
 	}
 }
 
-func (d *consumerDoor) Features() Features { return Features{HeldReservations: !d.mode.Separate} }
+func (d *consumerDoor) Features() Features { return Features{HeldReservations: !d.mode.Separate()} }
 
 func (d *consumerDoor) Store() *dedup.Store { return d.store }
 
@@ -326,12 +299,12 @@ func (d *consumerDoor) CrashPoints(t *testing.T, handle Handle, check func(ctx c
 		store := deduptest.Store(tb, pool, nil)
 		schema := store.Config().Schema
 		createEffects(tb, pool, schema)
-		cfg := &consumer.Config{URL: testamqp.URL(), SeparateReservations: d.mode.Separate,
+		cfg := &consumer.Config{URL: testamqp.URL(),
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		s := consumertest.Subject{Store: store, Mode: d.mode.Kit, Config: cfg,
+		s := consumertest.Subject{Store: store, Mode: d.mode, Config: cfg,
 			Check: func(ctx context.Context) error { return check(ctx, store) }}
 		h := d.handler(handle, schema)
-		if d.mode.Kit == consumertest.ModeBatch {
+		if d.mode.Batch() {
 			s.BatchHandler = asBatch(h)
 		} else {
 			s.Handler = h
@@ -347,7 +320,7 @@ func (d *consumerDoor) CrashPoints(t *testing.T, handle Handle, check func(ctx c
 		msgs = append(msgs, msg)
 	}
 	rep := consumertest.CrashPoints(t, setup, msgs...)
-	t.Logf("crash kit report (mode %s):\n%s", d.mode.Name, rep)
+	t.Logf("crash kit report (mode %s):\n%s", d.mode, rep)
 	var rows []CrashRow
 	for _, r := range rep.Rows {
 		rows = append(rows, CrashRow{Point: r.Point, Reached: r.Reached, Err: r.Err})
