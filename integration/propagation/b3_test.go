@@ -7,6 +7,7 @@ package propagation_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -103,19 +104,32 @@ func TestB3AcrossTheOutbox(t *testing.T) {
 	}
 	// The relayed B3 span id is the relay's publish span, a child of the
 	// handler span that enqueued it.
+	// The relay ends its publish span once the broker confirmed the
+	// message, which may be after stage 2 handled it: wait for both spans.
 	var publish, handler sdktrace.ReadOnlySpan
-	for _, s := range spans.Ended() {
-		switch s.Name() {
-		case "amq.default publish":
-			publish = s
-		case "idemq handler":
-			if s.SpanContext().TraceID().String() == rootTrace && handler == nil {
-				handler = s
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for publish == nil || handler == nil {
+		publish, handler = nil, nil
+		for _, s := range spans.Ended() {
+			switch s.Name() {
+			case "amq.default publish":
+				publish = s
+			case "idemq handler":
+				if s.SpanContext().TraceID().String() == rootTrace && handler == nil {
+					handler = s
+				}
 			}
 		}
-	}
-	if publish == nil || handler == nil {
-		t.Fatalf("no relay publish span or handler span among %d spans", len(spans.Ended()))
+		if publish != nil && handler != nil {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("no relay publish span or handler span among %d spans after 10s", len(spans.Ended()))
+		}
 	}
 	if publish.SpanContext().TraceID().String() != rootTrace || publish.Parent().SpanID() != handler.SpanContext().SpanID() {
 		t.Errorf("relay publish span %s in trace %s, parent %s; want trace %s, parent the handler %s",
