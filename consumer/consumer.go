@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
@@ -49,6 +50,9 @@ var ErrNotReady = errors.New("consumer not ready")
 // handler runs, and routes every delivery to exactly one outcome.
 type Consumer struct {
 	store *dedup.Store
+	// protocol is the store's side the runtime reserves, completes and
+	// releases keys through.
+	protocol keystore.Keys
 	// outbox is the one in the store's schema, where the handlers'
 	// package-level outbox.Enqueue writes.
 	outbox  *outbox.Outbox
@@ -149,6 +153,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	}
 	cons := &Consumer{
 		store:        store,
+		protocol:     keystore.Of(store),
 		outbox:       ob,
 		handler:      h,
 		batchHandler: bh,

@@ -44,7 +44,7 @@ func (c *Consumer) newKeyHolder() keyHolder {
 }
 
 // heldKeys are reserved in the group's transaction (see
-// dedup.Store.ReserveBatchTx): the reservations, the effects and the
+// keystore.Keys.ReserveBatchTx): the reservations, the effects and the
 // completions commit once.
 type heldKeys struct{ c *Consumer }
 
@@ -52,9 +52,9 @@ func (k heldKeys) begin(ctx context.Context) (pgx.Tx, error) { return k.c.beginH
 
 func (k heldKeys) reserve(ctx context.Context, tx pgx.Tx, claims []dedup.Claim) ([]dedup.Reservation, error) {
 	if len(claims) > 1 {
-		return k.c.store.ReserveBatchTx(ctx, tx, claims)
+		return k.c.protocol.ReserveBatchTx(ctx, tx, claims)
 	}
-	r, err := k.c.store.ReserveTx(ctx, tx, claims[0])
+	r, err := k.c.protocol.ReserveTx(ctx, tx, claims[0])
 	return []dedup.Reservation{r}, err
 }
 
@@ -68,7 +68,7 @@ func (k heldKeys) giveUp(ctx context.Context, tx pgx.Tx, items []*item, results 
 	}
 	rctx, cancel := k.c.storeCtx(ctx)
 	defer cancel()
-	return true, k.c.store.ReleaseTx(rctx, tx, leases, reasons)
+	return true, k.c.protocol.ReleaseTx(rctx, tx, leases, reasons)
 }
 
 // release does nothing: the keys were given up in the transaction, or went
@@ -85,7 +85,7 @@ func (leasedKeys) begin(context.Context) (pgx.Tx, error) { return nil, nil }
 
 func (k leasedKeys) reserve(ctx context.Context, _ pgx.Tx, claims []dedup.Claim) ([]dedup.Reservation, error) {
 	if len(claims) > 1 {
-		return k.c.store.ReserveBatch(ctx, claims)
+		return k.c.protocol.ReserveBatch(ctx, claims)
 	}
 	r, err := k.c.store.Reserve(ctx, claims[0])
 	return []dedup.Reservation{r}, err
@@ -109,7 +109,7 @@ func (k leasedKeys) release(ctx context.Context, items []*item, results []groupR
 	}
 	sctx, cancel := k.c.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	if _, err := k.c.store.ReleaseBatch(sctx, leases, reasons); err != nil {
+	if _, err := k.c.protocol.ReleaseBatch(sctx, leases, reasons); err != nil {
 		k.c.log.Warn("release keys failed; the leases will expire", "keys", len(leases), "err", redact.Error(err))
 	}
 }

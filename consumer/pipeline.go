@@ -356,14 +356,14 @@ func (c *Consumer) complete(ctx context.Context, tx pgx.Tx, sp *savepoints, leas
 	cctx, cancel := c.storeCtx(ctx)
 	defer cancel()
 	if len(leases) > 1 {
-		gone, err := c.store.CompleteBatch(cctx, tx, leases, results)
+		gone, err := c.protocol.CompleteBatch(cctx, tx, leases, results)
 		if err == nil && len(gone) > 0 {
 			err = fmt.Errorf("%d of the group's leases: %w", len(gone), dedup.ErrLeaseLost)
 		}
 		return len(gone), err
 	}
 	done := &pgx.Batch{}
-	if err := c.store.QueueComplete(done, leases[0], results[0]); err != nil || done.Len() == 0 {
+	if err := c.protocol.QueueComplete(done, leases[0], results[0]); err != nil || done.Len() == 0 {
 		return 0, err
 	}
 	if sp == nil {

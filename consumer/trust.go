@@ -32,7 +32,7 @@ func (c *Consumer) headerKeys(ctx context.Context) (wire.Keys, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	stored, err := c.store.HeaderKeys(ctx)
+	stored, err := c.protocol.HeaderKeys(ctx)
 	if errors.Is(err, dedup.ErrNotMigrated) {
 		return nil, &fatalError{fmt.Errorf("%w (run idemq migrate)", err)}
 	}

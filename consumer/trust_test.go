@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -169,7 +170,7 @@ func TestForgedAttemptCountsAsFirst(t *testing.T) {
 // bound to the harness's queue and consumer name.
 func (h *harness) schemaKeys() wire.Keys {
 	h.t.Helper()
-	keys, err := h.store.HeaderKeys(context.Background())
+	keys, err := keystore.Of(h.store).HeaderKeys(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -17,11 +17,10 @@ type HeaderKey struct {
 }
 
 // HeaderKeys returns the keys of the schema's header_keys table, the one
-// that signs first (the latest signs_from) first. schema.Migrate creates one
-// random key, so that every worker of a schema shares it without
-// configuration. The error wraps ErrNotMigrated when the table does not
-// exist.
-func (s *Store) HeaderKeys(ctx context.Context) ([]HeaderKey, error) {
+// that signs first first (keystore.Keys.HeaderKeys): secrets, the runtime's
+// alone.
+func (k *keys) HeaderKeys(ctx context.Context) ([]HeaderKey, error) {
+	s := (*Store)(k)
 	rows, err := s.pool.Query(ctx, s.sql.headerKeys)
 	if err != nil {
 		return nil, interpretError("read header keys", err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -19,7 +20,7 @@ func TestHeaderKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store, pool := newStore(t, 4, nil)
-	keys, err := store.HeaderKeys(ctx)
+	keys, err := keystore.Of(store).HeaderKeys(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,12 +30,12 @@ func TestHeaderKeys(t *testing.T) {
 	if err := schema.Migrate(ctx, pool, store.Config().Schema); err != nil {
 		t.Fatal(err)
 	}
-	again, err := store.HeaderKeys(ctx)
+	again, err := keystore.Of(store).HeaderKeys(ctx)
 	if err != nil || len(again) != 1 || !bytes.Equal(again[0].Secret, keys[0].Secret) {
 		t.Fatalf("keys after a second migrate: %d, %v; want the same one", len(again), err)
 	}
 	other, _ := newStore(t, 2, nil)
-	otherKeys, err := other.HeaderKeys(ctx)
+	otherKeys, err := keystore.Of(other).HeaderKeys(ctx)
 	if err != nil || len(otherKeys) != 1 || bytes.Equal(otherKeys[0].Secret, keys[0].Secret) {
 		t.Fatalf("another schema's keys: %d, %v; want one other key", len(otherKeys), err)
 	}
@@ -44,7 +45,7 @@ func TestHeaderKeys(t *testing.T) {
 		bytes.Repeat([]byte{7}, 32)); err != nil {
 		t.Fatal(err)
 	}
-	rotated, err := store.HeaderKeys(ctx)
+	rotated, err := keystore.Of(store).HeaderKeys(ctx)
 	if err != nil || len(rotated) != 2 || rotated[0].Secret[0] != 7 || !bytes.Equal(rotated[1].Secret, keys[0].Secret) {
 		t.Fatalf("keys during a rotation: %d, %v; want the new one first", len(rotated), err)
 	}
@@ -53,7 +54,7 @@ func TestHeaderKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bare.HeaderKeys(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
+	if _, err := keystore.Of(bare).HeaderKeys(ctx); !errors.Is(err, dedup.ErrNotMigrated) {
 		t.Fatalf("keys of a schema never migrated: %v, want ErrNotMigrated", err)
 	}
 }

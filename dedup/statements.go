@@ -18,7 +18,7 @@ type statements struct {
 	// and has time left.
 	holds string
 	// The statements of a lease held by the caller's transaction (see
-	// Store.ReserveTx): the reservation writes the row completed, the
+	// keystore.Keys.ReserveTx): the reservation writes the row completed, the
 	// completion only records a result other than the presumed one.
 	reserveHeld, reserveBatchHeld, completeHeld, completeBatchHeld string
 	releaseBatchHeld, leaseBatchHeld                               string

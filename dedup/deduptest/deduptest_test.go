@@ -10,6 +10,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/deduptest"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
@@ -46,7 +47,7 @@ func TestStoreTakesTheConfigButItsSchema(t *testing.T) {
 	if cfg := store.Config(); cfg.Schema == "idemq" || cfg.Lease != 7*time.Second {
 		t.Fatalf("store config %+v: want a fresh dbSchema and the lease asked for", cfg)
 	}
-	if _, err := store.HeaderKeys(context.Background()); err != nil {
+	if _, err := keystore.Of(store).HeaderKeys(context.Background()); err != nil {
 		t.Fatalf("the store's dbSchema is not usable: %v", err)
 	}
 }

@@ -59,6 +59,12 @@ type Keys interface {
 	// commits (new tokens, expiring d from now), for operations that go on
 	// outside tx (a step).
 	LeaseTx(ctx context.Context, tx pgx.Tx, leases []*dedup.Lease, d time.Duration) ([]*dedup.Lease, error)
+	// HeaderKeys returns the keys of the schema's header_keys table, the
+	// one that signs first (the latest signs_from) first. schema.Migrate
+	// creates one random key, so that every worker of a schema shares it
+	// without configuration. The error wraps dedup.ErrNotMigrated when the
+	// table does not exist.
+	HeaderKeys(ctx context.Context) ([]dedup.HeaderKey, error)
 }
 
 // Of returns the runtime's protocol on s.
