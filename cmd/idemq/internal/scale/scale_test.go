@@ -34,9 +34,11 @@ func TestRunSmall(t *testing.T) {
 	if c.Ops[phaseQuiet] == 0 || c.Errors != [phases]int{} {
 		t.Fatalf("worker: %d operations, errors %v (first: %v)", c.Ops[phaseQuiet], c.Errors, c.FirstError)
 	}
-	// GC retired what the worker had added by the middle of the cycle.
-	if c.GCKeys == 0 || c.GCOutbox == 0 || c.Behind != 0 {
-		t.Fatalf("gc: %d keys, %d outbox rows, behind %s", c.GCKeys, c.GCOutbox, c.Behind)
+	// GC retired what the worker had added by the middle of the cycle. Keys
+	// keep coming due while it runs, so it may read as behind by at most the
+	// time its run took (on a loaded machine, tens of milliseconds).
+	if c.GCKeys == 0 || c.GCOutbox == 0 || c.Behind > c.GCKeysTook {
+		t.Fatalf("gc: %d keys, %d outbox rows, behind %s after a GC run of %s", c.GCKeys, c.GCOutbox, c.Behind, c.GCKeysTook)
 	}
 	if res.Load.Keys != 2000 || res.Start.Keys.Heap == 0 || c.Sizes.Keys.Heap == 0 {
 		t.Fatalf("load %+v, sizes %+v", res.Load, c.Sizes)
