@@ -3,30 +3,32 @@ package consumer
 import (
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 )
 
 // Outcome is what happened to one delivery: the value of the span attribute
-// idemq.outcome and of the metric label.
-type Outcome string
+// idemq.outcome and of the metric label. It is the protocol's one outcome
+// vocabulary, dedup.Outcome, which idemhttp's requests share.
+type Outcome = dedup.Outcome
 
-// The outcomes of DESIGN section 4.
+// The outcomes of DESIGN section 4, and OutcomeCopyFailed.
 const (
-	OutcomeProcessed    Outcome = "processed"
-	OutcomeRejected     Outcome = "rejected"
-	OutcomeDeadLettered Outcome = "dead_lettered"
-	OutcomeRetried      Outcome = "retried"
-	OutcomeLeaseLost    Outcome = "lease_lost"
-	OutcomeDuplicate    Outcome = "duplicate"
-	OutcomeInProgress   Outcome = "in_progress"
-	OutcomeKeyReuse     Outcome = "key_reuse"
-	OutcomeInvalidKey   Outcome = "invalid_key"
+	OutcomeProcessed    = dedup.OutcomeProcessed
+	OutcomeRejected     = dedup.OutcomeRejected
+	OutcomeDeadLettered = dedup.OutcomeDeadLettered
+	OutcomeRetried      = dedup.OutcomeRetried
+	OutcomeLeaseLost    = dedup.OutcomeLeaseLost
+	OutcomeDuplicate    = dedup.OutcomeDuplicate
+	OutcomeInProgress   = dedup.OutcomeInProgress
+	OutcomeKeyReuse     = dedup.OutcomeKeyReuse
+	OutcomeInvalidKey   = dedup.OutcomeInvalidKey
 	// OutcomeCopyFailed: the copy that was to replace the delivery (retry,
 	// dead letter) was not confirmed durable (returned as unroutable,
 	// nacked, not confirmed in time, channel closed), so the delivery went
 	// back to its queue unacknowledged and will come again. Event.Err says
 	// what failed.
-	OutcomeCopyFailed Outcome = "copy_failed"
+	OutcomeCopyFailed = dedup.OutcomeCopyFailed
 )
 
 // Event reports the end of one delivery to Config.OnOutcome.

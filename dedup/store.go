@@ -170,17 +170,6 @@ type Lease struct {
 // rollback gives it up) nor carry steps.
 func (l *Lease) HeldByTransaction() bool { return l.held }
 
-// Outcome is how a completed operation ended.
-type Outcome string
-
-// The stored outcomes.
-const (
-	// OutcomeOK is a successful operation.
-	OutcomeOK Outcome = "ok"
-	// OutcomeRejected is a business rejection: a result, kept and replayed.
-	OutcomeRejected Outcome = "rejected"
-)
-
 // Result is what Complete stores and what duplicates receive.
 type Result struct {
 	Outcome Outcome
@@ -358,8 +347,8 @@ func presumed(r Result) bool {
 
 // checkOutcome refuses a result that is neither ok nor rejected.
 func checkOutcome(r Result) error {
-	if r.Outcome != OutcomeOK && r.Outcome != OutcomeRejected {
-		return fmt.Errorf("complete key: unknown outcome %q", r.Outcome)
+	if !r.Outcome.Stored() {
+		return fmt.Errorf("complete key: outcome %q is not one a result stores (ok, rejected)", r.Outcome)
 	}
 	return nil
 }

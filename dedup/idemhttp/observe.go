@@ -19,30 +19,24 @@ import (
 const instrumentation = "github.com/idemq/idemq/dedup/idemhttp"
 
 // The outcomes of a guarded request: the attribute idemq.outcome of its
-// span and outcome of the counter idemq.http.requests (as the consumer's
-// span and counter name theirs). They are the consumer's words where the
-// situation is the same.
+// span and outcome of the counter idemq.http.requests. They are the
+// protocol's one vocabulary (dedup.Outcome), which the consumer's deliveries
+// share: the same word for the same situation.
 const (
-	OutcomeProcessed = "processed" // the handler ran; its response is stored
-	OutcomeRejected  = "rejected"  // the same, with a 4xx stored as the result (a declined card)
-	OutcomeDuplicate = "duplicate" // answered from the store, nothing ran
-	// OutcomeNotStored: the handler ran but its response is no result
-	// (Config.Stored, Discard): rolled back, the key released.
-	OutcomeNotStored  = "not_stored"
-	OutcomeInProgress = "in_progress" // 409: the key is being processed
-	OutcomeKeyReuse   = "key_reuse"   // 422: the key names another request
-	OutcomeInvalidKey = "invalid_key" // 400: no key, or not a valid one
-	OutcomeLeaseLost  = "lease_lost"  // 409: another request took the key over
-	// OutcomeRefused: the request was refused before its key was
-	// reserved (its body, its tenant).
-	OutcomeRefused = "refused"
-	// OutcomeFailed: an infrastructure failure, a timeout or a panic: the
-	// key was released, and a retry runs again.
-	OutcomeFailed = "failed"
+	OutcomeProcessed  = dedup.OutcomeProcessed  // the handler ran; its response is stored
+	OutcomeRejected   = dedup.OutcomeRejected   // the same, with a 4xx stored as the result (a declined card)
+	OutcomeDuplicate  = dedup.OutcomeDuplicate  // answered from the store, nothing ran
+	OutcomeNotStored  = dedup.OutcomeNotStored  // the handler's response is no result (Config.Stored, Discard)
+	OutcomeInProgress = dedup.OutcomeInProgress // 409: the key is being processed
+	OutcomeKeyReuse   = dedup.OutcomeKeyReuse   // 422: the key names another request
+	OutcomeInvalidKey = dedup.OutcomeInvalidKey // 400: no key, or not a valid one
+	OutcomeLeaseLost  = dedup.OutcomeLeaseLost  // 409: another request took the key over
+	OutcomeRefused    = dedup.OutcomeRefused    // refused before its key was reserved (body, tenant)
+	OutcomeFailed     = dedup.OutcomeFailed     // infrastructure failure, timeout or panic: key released
 )
 
 // outcomeOf is the outcome of a request answered with problem code.
-func outcomeOf(code string) string {
+func outcomeOf(code string) dedup.Outcome {
 	switch code {
 	case CodeKeyRequired, CodeKeyInvalid:
 		return OutcomeInvalidKey
@@ -78,7 +72,7 @@ func newTelemetry(c Config) (telemetry, error) {
 type observed struct {
 	http.ResponseWriter
 	status  int
-	outcome string
+	outcome dedup.Outcome
 	code    string // the problem code, when the answer was a problem
 	span    trace.Span
 }
@@ -95,7 +89,7 @@ func (o *observed) Unwrap() http.ResponseWriter { return o.ResponseWriter }
 
 // settled records the outcome of the request w answers, when w is a
 // guarded request's writer.
-func settled(w http.ResponseWriter, outcome string) {
+func settled(w http.ResponseWriter, outcome dedup.Outcome) {
 	if o, ok := w.(*observed); ok {
 		o.outcome = outcome
 	}
@@ -125,7 +119,7 @@ func (m *Middleware) observe(w http.ResponseWriter, r *http.Request) (*observed,
 		if outcome == "" {
 			outcome = outcomeOf(o.code)
 		}
-		attrs := []attribute.KeyValue{attribute.String("idemq.outcome", outcome)}
+		attrs := []attribute.KeyValue{attribute.String("idemq.outcome", string(outcome))}
 		if o.code != "" {
 			attrs = append(attrs, attribute.String("idemq.reason", o.code))
 		}
@@ -138,7 +132,7 @@ func (m *Middleware) observe(w http.ResponseWriter, r *http.Request) (*observed,
 		}
 		span.End()
 		m.tel.requests.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
-			attribute.String("idemq.consumer", m.cfg.Consumer), attribute.String("outcome", outcome)))
+			attribute.String("idemq.consumer", m.cfg.Consumer), attribute.String("outcome", string(outcome))))
 	}
 }
 
