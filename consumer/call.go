@@ -78,10 +78,12 @@ func (c *Consumer) call(it *item, g *groupTx) (dedup.Result, error) {
 func (c *Consumer) callBatch(ctx context.Context, items []*item, g *groupTx) ([]dedup.Result, error) {
 	ctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	for _, it := range items {
-		hctx := it.hctx // the item's field is cleared when its handling ends
-		stop := context.AfterFunc(hctx, func() { lost(context.Cause(hctx)) })
-		defer stop()
+	if c.holder.kept() { // leases, which the heartbeat may find lost
+		for _, it := range items {
+			hctx := it.hctx // the item's field is cleared when its handling ends
+			stop := context.AfterFunc(hctx, func() { lost(context.Cause(hctx)) })
+			defer stop()
+		}
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, c.cfg.HandlerTimeout, ErrHandlerTimeout)
 	defer cancel()

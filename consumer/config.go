@@ -47,10 +47,8 @@ type KeyFunc func(d *amqp.Delivery) string
 // Config configures a Consumer. Queue, Name and URL are required.
 type Config struct {
 	// URL is the AMQP URL (amqp:// or amqps://), or several separated by
-	// commas: the nodes of a cluster. Each connect and reconnect tries them
-	// in a fresh random order and takes the first that answers, so a worker
-	// whose node dies resumes on another. Every URL is checked by New. The
-	// URLs never appear in logs.
+	// commas: the nodes of a cluster, tried in a random order on each
+	// connect (docs/consumer.md, "Connections and shutdown"). Never logged.
 	URL string
 	// AMQPConfig, when set, is the base connection config: TLSClientConfig
 	// for amqps:// with client certificates, heartbeat, vhost.
@@ -84,11 +82,9 @@ type Config struct {
 	// transactions must see the key: it implies SeparateReservations. A
 	// handler that calls Step without it gets ErrStepInBatch.
 	Steps bool
-	// IndividualAcks acks every delivery with a frame of its own. By
-	// default acks are coalesced: one multiple-ack covers the deliveries
-	// up to the lowest one still in flight, and an ack held above a slow
-	// delivery waits at most 20ms before it is sent on its own. Either way
-	// no delivery is acked before the commit that made its outcome durable.
+	// IndividualAcks acks every delivery with a frame of its own instead
+	// of coalesced multiple-acks (docs/consumer.md, "Acks"). Either way no
+	// delivery is acked before its outcome is durable.
 	IndividualAcks bool
 	// HandlerTimeout bounds one call of user code, the same in every mode:
 	// a Handler's call for one delivery, a BatchHandler's call for its
@@ -101,20 +97,14 @@ type Config struct {
 	// PublishTimeout bounds the wait for a publisher confirm. Default 30s.
 	PublishTimeout time.Duration
 	// StoreTimeout bounds each key-store call the runtime makes on its own
-	// behalf: reserve, release, and a group's begin, savepoints, key
-	// completion, commit and rollback (what runs with the handler, and a
-	// single message's commit, is bounded by HandlerTimeout). A call that
-	// times out is an infrastructure failure: nothing is acked without a
-	// commit, the keys are released or their leases expire, and the
-	// messages are retried. Default 30s.
+	// behalf (reserve, release, a group's begin, savepoints, completion,
+	// commit, rollback); one that times out is an infrastructure failure
+	// (docs/consumer.md, "Deadlines on every database call"). Default 30s.
 	StoreTimeout time.Duration
-	// MaxInFlightBytes bounds the body bytes of the deliveries the runtime
-	// holds: taken from the client library and not yet settled. Over the
-	// budget it takes no more until some settle; a single delivery larger
-	// than the whole budget is still taken, and handled alone. It does not
-	// cover what amqp091-go buffers itself (up to Prefetch deliveries), and
-	// RabbitMQ ignores the QoS prefetch-size: Prefetch times the largest
-	// message bounds that. Default 64 MiB.
+	// MaxInFlightBytes bounds the body bytes of the deliveries taken and
+	// not yet settled; over it the runtime takes no more until some settle
+	// (docs/consumer.md, "Memory: deliveries in flight", says what it does
+	// not cover). Default 64 MiB.
 	MaxInFlightBytes int
 
 	// Lease overrides the store's lease for this consumer's keys when positive.
@@ -161,14 +151,11 @@ type Config struct {
 	// Fingerprint computes the operation's fingerprint; default: the whole body.
 	Fingerprint dedup.Fingerprinter
 
-	// HeaderKeys are the HMAC-SHA256 keys that sign idemq's own headers on
-	// the copies it publishes (attempt, tenant, original exchange and
-	// routing key, first-seen time): the first key signs, every key
-	// verifies, so a rotation lists the new key after the old one, then
-	// before it, then alone (docs/security.md). Each key is at least 16
-	// random bytes; every worker of a queue needs the same keys. Nil: the
-	// keys in the store's schema (table header_keys, one random key created
-	// by Migrate), read when Run connects.
+	// HeaderKeys are the HMAC-SHA256 keys (at least 16 random bytes each,
+	// the same in every worker of a queue) that sign idemq's own headers on
+	// the copies it publishes: the first signs, every key verifies
+	// (docs/security.md, rotation). Nil: the keys of the store's schema
+	// (table header_keys), read when Run connects.
 	HeaderKeys [][]byte
 
 	// NoReply stops the runtime from answering reply_to with the stored

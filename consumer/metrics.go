@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"sync"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -25,7 +27,14 @@ type metrics struct {
 
 	base  attribute.Set
 	attrs []attribute.KeyValue
+	// labelled caches the options of with(attribute.String(k, v)) by k
+	// and v: outcomes and reasons are a small vocabulary, and each
+	// measurement would otherwise build its attribute set anew.
+	labelled sync.Map // label -> metric.MeasurementOption
 }
+
+// label is one attribute of a cached measurement option.
+type label struct{ key, value string }
 
 func newMetrics(mp metric.MeterProvider, queue, name string) (*metrics, error) {
 	if mp == nil {
@@ -70,6 +79,18 @@ func newMetrics(mp metric.MeterProvider, queue, name string) (*metrics, error) {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// withLabel returns the base attributes plus the string attribute key=value
+// as a measurement option, built once per key and value.
+func (m *metrics) withLabel(key, value string) metric.MeasurementOption {
+	l := label{key, value}
+	if o, ok := m.labelled.Load(l); ok {
+		return o.(metric.MeasurementOption)
+	}
+	set := attribute.NewSet(append(m.attrs[:len(m.attrs):len(m.attrs)], attribute.String(key, value))...)
+	o, _ := m.labelled.LoadOrStore(l, metric.WithAttributeSet(set))
+	return o.(metric.MeasurementOption)
 }
 
 // with returns the base attributes plus kv as a measurement option.

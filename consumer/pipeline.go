@@ -444,7 +444,9 @@ func (c *Consumer) claim(ctx context.Context, s *session, items []*item) (pgx.Tx
 	}
 	var acquired []*item
 	for i, it := range items {
-		it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", res[i].Decision.String())))
+		if it.span.IsRecording() {
+			it.span.AddEvent("idemq reserve", trace.WithAttributes(attribute.String("idemq.decision", res[i].Decision.String())))
+		}
 		if c.decide(s, it, res[i]) {
 			acquired = append(acquired, it)
 		}
@@ -502,7 +504,14 @@ func (c *Consumer) handling(ctx context.Context, items []*item) (done func(keep 
 	c.inFlight.Add(n)
 	c.metrics.inProgress.Add(ctx, n, c.metrics.with())
 	for _, it := range items {
-		if it.hctx == nil {
+		switch {
+		case it.hctx != nil:
+		case !c.holder.kept():
+			// Held keys cannot be lost on their own (the transaction's
+			// row locks are the leases): the delivery's context is the
+			// handler's.
+			it.hctx, it.hcancel = it.ctx, noCancel
+		default:
 			it.hctx, it.hcancel = context.WithCancelCause(it.ctx)
 		}
 	}
@@ -517,6 +526,10 @@ func (c *Consumer) handling(ctx context.Context, items []*item) (done func(keep 
 		c.metrics.inProgress.Add(context.WithoutCancel(ctx), -n, c.metrics.with())
 	}
 }
+
+// noCancel is the handler context's cancel of an item whose key is held in
+// the group's transaction.
+func noCancel(error) {}
 
 // groupSpan starts a span of the group's work: alone, a child of the
 // delivery's process span named alone; a group's, which belongs to no
@@ -533,9 +546,16 @@ func (c *Consumer) groupSpan(ctx context.Context, items []*item, group, alone st
 // groupLinks links a span of a whole group, which belongs to no single
 // delivery's trace, to the process span of each delivery of the group.
 func groupLinks(items []*item) trace.SpanStartOption {
-	links := make([]trace.Link, 0, len(items))
+	var links []trace.Link
 	for _, it := range items {
-		links = append(links, trace.LinkFromContext(it.ctx))
+		l := trace.LinkFromContext(it.ctx)
+		if !l.SpanContext.IsValid() {
+			continue // no tracing (a no-op provider): nothing to link to
+		}
+		if links == nil {
+			links = make([]trace.Link, 0, len(items))
+		}
+		links = append(links, l)
 	}
 	return trace.WithLinks(links...)
 }

@@ -81,7 +81,7 @@ func (c *Consumer) finish(it *item) {
 		it.span.SetStatus(codes.Error, redact.Error(ev.Err))
 	}
 	it.span.End()
-	c.metrics.deliveries.Add(it.ctx, 1, c.metrics.with(attribute.String("outcome", string(ev.Outcome))))
+	c.metrics.deliveries.Add(it.ctx, 1, c.metrics.withLabel("outcome", string(ev.Outcome)))
 	if c.cfg.OnOutcome != nil {
 		c.cfg.OnOutcome(ev)
 	}

@@ -166,7 +166,7 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 	}
 	it.ev.Reason, it.ev.Err = reason, cause
 	if c.publishThenAck(s, it, c.topo.DLX, "", wire.DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
-		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.with(attribute.String("reason", reason)))
+		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.withLabel("reason", reason))
 		c.log.Warn("dead-lettered", "reason", reason, "key_hash", it.ev.KeyHash, "attempt", it.attempt, "err", redact.Error(cause))
 	}
 }
@@ -226,7 +226,7 @@ func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, he
 	span.End()
 	c.ack(s, it)
 	if tooLarge {
-		c.metrics.deadLetters.Add(ctx, 1, c.metrics.with(attribute.String("reason", ReasonHeadersTooLarge)))
+		c.metrics.deadLetters.Add(ctx, 1, c.metrics.withLabel("reason", ReasonHeadersTooLarge))
 		c.log.Warn("dead-lettered", "reason", ReasonHeadersTooLarge, "key_hash", it.ev.KeyHash, "err", msg.Headers[HeaderError])
 		return false
 	}
