@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/keystore"
+	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/wire"
@@ -211,7 +212,9 @@ func (c *Consumer) ready() {
 //
 // Before it consumes for the first time, Run returns an error for what
 // retrying cannot fix: a schema not migrated as far as this build needs
-// (dedup.Store.Check; run `idemq migrate`), credentials or
+// (dedup.Store.Check; run `idemq migrate`), a Postgres that refuses for
+// good (a wrong password, no such role or database, no privilege on the
+// schema: SQLSTATE 28P01, 28000, 3D000, 42501), credentials or
 // a vhost the broker refuses (403 ACCESS_REFUSED, 530 NOT_ALLOWED), a
 // configuration the broker refuses (a queue declared with other arguments,
 // a missing queue with SkipDeclare). A broker or database out of reach is
@@ -285,6 +288,9 @@ func (c *Consumer) checkStore(ctx context.Context) error {
 	err := c.store.Check(sctx)
 	if errors.Is(err, dedup.ErrNotMigrated) {
 		return &fatalError{err}
+	}
+	if pgfatal.Refused(err) {
+		return &fatalError{pgfatal.Explain(err)}
 	}
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
@@ -329,5 +330,48 @@ func TestReady(t *testing.T) {
 	done <- nil // for the deferred wait
 	if err := c.Ready(); !errors.Is(err, consumer.ErrNotReady) {
 		t.Fatalf("Ready after Run: %v; want ErrNotReady", err)
+	}
+}
+
+// TestRunRefusesAPostgresThatRefuses: a database that does not exist and a
+// role that does not exist end Run within 5 s with an error that names
+// them and says what to do, instead of WARN lines for ever; a Postgres out
+// of reach is still retried (TestRunRefusesWhatRetryingCannotFix's broker
+// counterpart).
+func TestRunRefusesAPostgresThatRefuses(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, modeGroup, func(c *consumer.Config) {
+		c.HeaderKeys = [][]byte{[]byte("0123456789abcdef0123456789abcdef")}
+	})
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDB, noRole := *u, *u
+	noDB.Path = "/idemq_no_such_db"
+	noRole.User = url.User("idemq_no_such_role")
+	for _, c := range []struct {
+		url, want string
+	}{
+		{noDB.String(), `database "idemq_no_such_db" does not exist`},
+		{noRole.String(), `role "idemq_no_such_role" does not exist`},
+	} {
+		pool, err := pgxpool.New(context.Background(), c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		store, err := dedup.NewStore(pool, &dedup.Config{Schema: h.schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := consumer.New(store, okHandler, &h.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = runReturns(t, cons, 5*time.Second)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "Postgres refuses") || !strings.Contains(err.Error(), "check the") {
+			t.Fatalf("Run against %s: %v; want an error naming %q and what to do", redact.DSN(c.url), err, c.want)
+		}
 	}
 }

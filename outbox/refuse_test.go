@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/dedup"
@@ -172,5 +173,35 @@ func TestRelayRefusesAnUnmigratedSchema(t *testing.T) {
 	err = r.Run(ctx)
 	if ctx.Err() != nil || !errors.Is(err, schema.ErrNotMigrated) || !strings.Contains(err.Error(), "idemq migrate") {
 		t.Fatalf("Run over an empty schema: %v; want ErrNotMigrated saying to run idemq migrate, at once", err)
+	}
+}
+
+// TestRelayRefusesAPostgresThatRefuses: a database that does not exist ends
+// Run within 5 s with an error naming it and saying what to do.
+func TestRelayRefusesAPostgresThatRefuses(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/idemq_no_such_db"
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ob, err := outbox.New(pool, &outbox.Config{Schema: "idemq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{ConnectionName: testamqp.Name(t, "idemq-test-relay")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil || err == nil || !strings.Contains(err.Error(), `database "idemq_no_such_db" does not exist`) || !strings.Contains(err.Error(), "check the database name") {
+		t.Fatalf("Run against a database that does not exist: %v; want an error naming it and what to do, within 5 s", err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/cork"
+	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/relaykit"
@@ -122,6 +123,8 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // published again later, with the same message id. Run returns an error
 // when called while already running, when the outbox's schema is not
 // migrated as far as this build needs (schema.Check: run `idemq migrate`),
+// when Postgres refuses for good (a wrong password, no such role or
+// database, no privilege on the schema),
 // and when the broker refuses its first connection for a reason retrying
 // cannot fix (credentials or permissions, 403 ACCESS_REFUSED; a vhost, 530
 // NOT_ALLOWED). A database or broker out of reach is retried from the
@@ -177,6 +180,8 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 			return nil
 		case errors.Is(err, schema.ErrNotMigrated):
 			return fmt.Errorf("outbox: relay: %w", err)
+		case pgfatal.Refused(err):
+			return fmt.Errorf("outbox: relay: %w", pgfatal.Explain(err))
 		}
 		r.log.Warn("outbox relay cannot check its schema; retrying", "error", redact.Error(err))
 		if !sleepCtx(ctx, bo.NextBackOff()) {

@@ -108,6 +108,36 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 }
 
+// TestAPostgresThatRefusesFailsFast: a worker started against a database
+// that does not exist, or as a role that does not exist, exits within 5 s
+// with an error that names it and says what to do (not "cannot reach").
+func TestAPostgresThatRefusesFailsFast(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	for _, tc := range []struct {
+		name, url, want string
+	}{
+		{"no database", "postgres://postgres:s3cret@127.0.0.1:5432/idemq_no_such_db?sslmode=disable", `database "idemq_no_such_db" does not exist`},
+		{"no role", "postgres://idemq_no_such_role:s3cret@127.0.0.1:5432/postgres?sslmode=disable", `role "idemq_no_such_role" does not exist`},
+	} {
+		for _, args := range [][]string{{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x"}, {"relay"}, {"gateway", "--listen", "127.0.0.1:0", "--consumer", "g", "--to-exchange", "x"}, {"ui", "--listen", "127.0.0.1:0"}} {
+			t.Run(tc.name+"/"+args[0], func(t *testing.T) {
+				t.Parallel()
+				r := idemq(t, env(schema, "IDEMQ_POSTGRES_URL="+tc.url), args...)
+				if r.code != 1 || r.took > 5*time.Second {
+					t.Fatalf("want exit 1 within 5s: %s", r)
+				}
+				if !strings.Contains(r.stderr, "refuses") || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "check the") {
+					t.Errorf("want the refusal, %q and what to do: %s", tc.want, r)
+				}
+				if strings.Contains(r.stderr+r.stdout, "s3cret") {
+					t.Errorf("password leaked: %s", r)
+				}
+			})
+		}
+	}
+}
+
 func TestUnreachableServicesFailFastWithRedactedURL(t *testing.T) {
 	t.Parallel()
 	schema := newSchema(t)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/amqpdial"
+	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -38,6 +39,11 @@ func (a *app) openPostgres(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 		pool.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if pgfatal.Refused(err) {
+			var refused *pgfatal.Error
+			errors.As(pgfatal.Explain(err), &refused)
+			return nil, fmt.Errorf("Postgres at %s refuses: %s; %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout), refused.Advice)
 		}
 		return nil, fmt.Errorf("cannot reach Postgres at %s: %s", redact.DSN(a.postgresURL), cause(err, a.connectTimeout))
 	}
