@@ -36,6 +36,14 @@ func (b *byteBudget) take(n int64, stop <-chan struct{}) bool {
 	}
 }
 
+// force takes n bytes whether they fit or not: a delivery held already
+// (an ordered one that waited) going back to the pipeline.
+func (b *byteBudget) force(n int64) {
+	b.mu.Lock()
+	b.used += n
+	b.mu.Unlock()
+}
+
 // give returns n bytes to the budget.
 func (b *byteBudget) give(n int64) {
 	b.mu.Lock()

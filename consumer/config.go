@@ -38,6 +38,8 @@ const (
 	DefaultStoreTimeout    = 30 * time.Second
 	// DefaultMaxInFlightBytes is the default MaxInFlightBytes: 64 MiB.
 	DefaultMaxInFlightBytes = 64 << 20
+	// DefaultGapTimeout is the default Ordering.GapTimeout.
+	DefaultGapTimeout = 5 * time.Minute
 )
 
 // KeyFunc extracts the idempotency key from a delivery. Return "" when there
@@ -134,6 +136,16 @@ type Config struct {
 	// published to (declared with the rest of the topology, on connect).
 	// Retry and dead-letter copies never go back through them.
 	Bindings []Binding
+	// Partitions, when positive, consumes the partitions Q.p0 …
+	// Q.p{N-1} of a partitioned Q (TopologyConfig.Partitions): one session
+	// per partition, each single-active-consumer, so that one worker at a
+	// time takes each partition and the others stand by.
+	Partitions int
+	// Ordering, when set, keeps each ordering key's messages in order
+	// (docs/ordering.md): one at a time per key, and with x-sequence, each
+	// sequence applied once and in order, recorded in the handler's
+	// transaction.
+	Ordering *Ordering
 	// SkipDeclare leaves the topology alone (it was applied by `idemq
 	// topology apply` or by an operator) instead of declaring it on connect.
 	SkipDeclare bool
@@ -190,6 +202,11 @@ type Config struct {
 
 	// Testing holds the knobs for tests only. Production code leaves it zero.
 	Testing TestKnobs
+
+	// partitionOf is the order exchange of the partitioned queue whose
+	// partition Queue is ("" for none): set by New on the consumers of
+	// the partitions.
+	partitionOf string
 }
 
 // TestKnobs are settings for tests only, never for production: each turns
@@ -274,6 +291,12 @@ func (c *Config) withDefaults(groupSize int) Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	if out.Ordering != nil {
+		o := *out.Ordering
+		o.GapTimeout = cmp.Or(o.GapTimeout, DefaultGapTimeout)
+		o.MaxWaiting = cmp.Or(o.MaxWaiting, max(out.Prefetch/2, 1))
+		out.Ordering = &o
+	}
 	// Steps need leases the steps' transactions can see.
 	out.SeparateReservations = out.SeparateReservations || out.Steps
 	return out
@@ -305,12 +328,22 @@ func (c *Config) topologyConfig() TopologyConfig {
 		DialTimeout:     d.DialTimeout,
 
 		QuorumInitialGroupSize: d.QuorumInitialGroupSize,
+		Partitions:             d.Partitions,
+		partitionOf:            d.partitionOf,
 	}.WithDefaults()
 }
 
 // validate checks c, whose defaults are filled, and tc, its topology.
 func (c Config) validate(tc TopologyConfig) error {
 	var errs []error
+	if o := c.Ordering; o != nil {
+		if o.GapTimeout < 0 || o.GapTimeout > MaxGapTimeout {
+			errs = append(errs, fmt.Errorf("ordering gap timeout %s must be between 0 and %s (the broker's consumer timeout is 30m by default)", o.GapTimeout, MaxGapTimeout))
+		}
+		if o.MaxWaiting < 1 || o.MaxWaiting >= c.Prefetch {
+			errs = append(errs, fmt.Errorf("ordering max waiting %d must be at least 1 and below the prefetch %d (waiting messages hold prefetch slots)", o.MaxWaiting, c.Prefetch))
+		}
+	}
 	if c.URL == "" {
 		errs = append(errs, errors.New("broker URL is required"))
 	}

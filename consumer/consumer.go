@@ -88,6 +88,48 @@ type Consumer struct {
 	// crash is the crash test kit's hook (crash.go); nil but in the
 	// consumers the kit runs.
 	crash kit.Hook
+	// parts are the consumers of a partitioned queue's partitions, which
+	// Run runs (nil for a queue that is not partitioned).
+	parts []*Consumer
+}
+
+// newPartitioned returns the consumer of the partitioned queue c.Queue: one
+// consumer per partition, each of its own queue Q.p<i> and its own
+// connection, all of one scope (c.Name). An ordering key hashes to one
+// partition, so its messages meet one consumer.
+func newPartitioned(store *dedup.Store, h Handler, bh BatchHandler, c Config, tc TopologyConfig) (*Consumer, error) {
+	parent := &Consumer{store: store, cfg: c, topo: NewTopology(tc), log: c.Logger.With("queue", c.Queue, "consumer", c.Name)}
+	for i := range c.Partitions {
+		pc := c
+		pc.Queue, pc.Partitions, pc.partitionOf = PartitionQueue(c.Queue, i), 0, OrderExchange(c.Queue)
+		pc.ConnectionName = fmt.Sprintf("%s-p%d", c.ConnectionName, i)
+		part, err := newConsumer(store, h, bh, pc)
+		if err != nil {
+			return nil, err
+		}
+		parent.parts = append(parent.parts, part)
+	}
+	parent.notReady(errors.New("not running"))
+	return parent, nil
+}
+
+// runParts runs every partition's consumer until ctx ends or one of them
+// returns an error, which ends the others too.
+func (c *Consumer) runParts(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(c.parts))
+	for _, p := range c.parts {
+		go func() { errs <- p.Run(ctx) }()
+	}
+	var first error
+	for range c.parts {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
 }
 
 // New returns a consumer of cfg.Queue whose deliveries h handles. A nil cfg
@@ -127,9 +169,15 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	if err := c.validate(tc); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
+	if bh != nil && c.Ordering != nil {
+		return nil, errors.New("consumer: ordering takes a per-message Handler (New), not a batch handler")
+	}
 	addrs, err := amqpdial.Parse(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	if c.Partitions > 0 {
+		return newPartitioned(store, h, bh, c, tc)
 	}
 	topo := NewTopology(tc)
 	if horizon, retention := topo.horizon(c.MaxAttempts), store.Config().Retention; retention <= horizon {
@@ -167,6 +215,9 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		prop:         prop,
 		metrics:      m,
 	}
+	if c.Ordering != nil {
+		cons.handler = cons.ordered(h)
+	}
 	cons.holder = cons.newKeyHolder()
 	cons.isolated = isolated{c: cons, bare: cons.holder.kept()}
 	cons.runner = cons.newRunner()
@@ -185,6 +236,14 @@ func (c *Consumer) Topology() Topology { return c.topo }
 // connected, reconnecting and why, stopping, or the error Run returned).
 // It is safe to call at any time, from any goroutine: a readiness probe.
 func (c *Consumer) Ready() error {
+	if c.parts != nil && c.running.Load() {
+		for _, p := range c.parts {
+			if err := p.Ready(); err != nil {
+				return fmt.Errorf("partition %s: %w", p.cfg.Queue, err)
+			}
+		}
+		return nil
+	}
 	if p := c.status.Load(); p != nil {
 		return *p
 	}
@@ -233,6 +292,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 			c.notReady(err)
 		}
 	}()
+	if c.parts != nil {
+		return c.runParts(ctx)
+	}
 	if c.batchHandler == nil && !c.cfg.Group.Optimistic && c.cfg.Group.Size > maxSavepointGroup {
 		c.log.Warn("group commit with more savepoints than Postgres caches per transaction; every session's snapshots slow down while such a group runs",
 			"group_size", c.cfg.Group.Size, "advised_max", maxSavepointGroup)
@@ -385,14 +447,24 @@ func (c *Consumer) session(ctx context.Context) error {
 	// redelivers them. Over MaxInFlightBytes, no more are taken until some
 	// settle (the library then holds them, up to the prefetch).
 	buffered := make(chan amqp.Delivery, c.cfg.Prefetch)
+	closeBuffered := func() { close(buffered) }
+	if c.cfg.Ordering != nil {
+		s.gate = newOrderGate(c, s, buffered)
+		closeBuffered = s.gate.close
+		go s.gate.run()
+	}
 	go func() {
-		defer close(buffered)
+		defer closeBuffered()
 		for d := range deliveries {
 			if s.acks != nil {
 				s.acks.track(d.DeliveryTag)
 			}
 			if !s.budget.take(int64(len(d.Body)), s.stop) {
 				return
+			}
+			if s.gate != nil {
+				s.gate.admit(d)
+				continue
 			}
 			select {
 			case buffered <- d:
@@ -448,6 +520,8 @@ type session struct {
 	stop   chan struct{}
 	acks   *ackWindow // nil with IndividualAcks
 	budget *byteBudget
+	// gate orders the deliveries of an ordered consumer (nil otherwise).
+	gate *orderGate
 }
 
 // publisher publishes the copies that settle deliveries and waits for the

@@ -75,6 +75,8 @@ type Delivery struct {
 	// running consumer.
 	crash func(stage kit.Stage, step string, txs ...pgx.Tx)
 	tx    pgx.Tx
+	// order is its place in its ordering key's order (Config.Ordering).
+	order *orderState
 }
 
 // RecoveryPoint is the last step committed by an earlier attempt ("" if none).

@@ -37,6 +37,9 @@ type item struct {
 	// errLeaseLostByBeat when the heartbeat finds the lease lost (hcancel).
 	hctx    context.Context
 	hcancel context.CancelCauseFunc
+	// order is its place in its ordering key's order (an ordered
+	// consumer's delivery with an ordering key; nil otherwise).
+	order *orderState
 	// queued: the item runs again in a later unit (a repeat of a key of
 	// its group, a whole group's item that runs again isolated), which
 	// finishes it.
@@ -86,12 +89,22 @@ func (c *Consumer) finish(it *item) {
 		c.cfg.OnOutcome(ev)
 	}
 	c.settled(it, ev.Outcome)
+	if it.order != nil && it.order.gate != nil {
+		it.order.gate.done(it, ev.Outcome)
+	}
 }
 
 // prepare reads the key, tenant and fingerprint. A delivery that cannot be
 // claimed is settled here (to the DLQ) and prepare returns false.
 func (c *Consumer) prepare(s *session, it *item) bool {
 	d := it.d
+	if c.cfg.Ordering != nil {
+		if err := c.readOrdering(s, it); err != nil {
+			it.ev = Event{Outcome: OutcomeInvalidKey}
+			c.deadLetter(s, it, ReasonSequenceInvalid, err)
+			return false
+		}
+	}
 	key, err := c.keyOf(d)
 	if err == nil {
 		err = dedup.ValidateKey(key)
@@ -179,7 +192,7 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		Timestamp: d.Timestamp, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
 		Expiration: d.Expiration, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
-		lease: lease, store: c.store,
+		lease: lease, store: c.store, order: it.order,
 	}
 	if c.crash != nil {
 		it.del.crash = func(stage kit.Stage, step string, txs ...pgx.Tx) { c.crashAt(stage, step, []*item{it}, txs...) }

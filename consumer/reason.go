@@ -65,6 +65,8 @@ func Reasons() []string {
 		ReasonKeyInvalid,
 		ReasonKeyReuse,
 		ReasonHeadersTooLarge,
+		ReasonSequenceGap,
+		ReasonSequenceInvalid,
 		ReasonDeliveryLimit,
 		ReasonExpired,
 		ReasonMaxLen,

@@ -36,6 +36,14 @@ const copyFailedPause = time.Second
 // settleSuccess settles an item whose effects and key completion committed:
 // the stored result goes to reply_to (if asked), then the ack.
 func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
+	if it.order != nil && it.order.applied {
+		// Its sequence was applied already (under another idempotency key):
+		// nothing ran; its key is completed, so a redelivery is a plain
+		// duplicate.
+		it.ev.Outcome = OutcomeDuplicate
+		c.ack(s, it)
+		return
+	}
 	if r.Outcome == dedup.OutcomeRejected {
 		it.ev.Outcome, it.ev.RejectReason = OutcomeRejected, r.Reason
 	} else {
@@ -52,6 +60,22 @@ func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
 // without counting an attempt.
 func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander bool) {
 	it.ev.Err = herr
+	if early := (*errEarly)(nil); errors.As(herr, &early) && !IsPermanent(herr) && it.order != nil && it.order.gate != nil {
+		if !it.order.gate.full() {
+			// It waits in the gate for its predecessor, unacknowledged.
+			it.ev.Outcome = OutcomeWaiting
+			return
+		}
+		herr = fmt.Errorf("%w: too many messages wait for a gap (Ordering.MaxWaiting): %w", errGap, early)
+		c.logFailure("ordered message dead-lettered", it, herr)
+		c.deadLetter(s, it, ReasonSequenceGap, herr)
+		return
+	}
+	if errors.Is(herr, errGap) {
+		defer c.logFailure("ordered message dead-lettered", it, herr)
+		c.deadLetter(s, it, ReasonSequenceGap, herr)
+		return
+	}
 	if !bystander {
 		defer c.logFailure("handler failed", it, herr)
 	}
@@ -126,6 +150,10 @@ func failureKind(err error) string {
 // without counting an attempt.
 func (c *Consumer) releaseReason(it *item, herr error, bystander bool) string {
 	switch {
+	case errors.Is(herr, errGap):
+		return ReasonSequenceGap
+	case errors.As(herr, new(*errEarly)):
+		return string(OutcomeWaiting)
 	case IsPermanent(herr):
 		return ReasonPermanentError
 	case bystander:
@@ -165,6 +193,7 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 		it.ev.Outcome = OutcomeDeadLettered
 	}
 	it.ev.Reason, it.ev.Err = reason, cause
+	c.blockKey(it, reason)
 	if c.publishThenAck(s, it, c.topo.DLX, "", wire.DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
 		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.withLabel("reason", reason))
 		c.log.Warn("dead-lettered", "reason", reason, "key_hash", it.ev.KeyHash, "attempt", it.attempt, "err", redact.Error(cause))

@@ -48,6 +48,13 @@ type TopologyConfig struct {
 	// Bindings bind the work queue to exchanges that publishers publish to.
 	// Retry and dead-letter copies never go through them (docs/topology.md).
 	Bindings []Binding
+	// Partitions, when positive, splits the work queue Q into that many
+	// partitions for ordered consumption (DESIGN section 12): publishers
+	// publish to the exchange Q.order (x-consistent-hash on the header
+	// x-ordering-key), which spreads the ordering keys over the quorum
+	// queues Q.p0 … Q.p{N-1}, each with single-active-consumer, its retry
+	// tiers and its DLQ. No queue Q is declared. See docs/ordering.md.
+	Partitions int
 
 	// AMQPConfig, when set, is the base of Apply's connection config
 	// (TLSClientConfig, vhost, a Dial function of its own).
@@ -57,6 +64,17 @@ type TopologyConfig struct {
 	ConnectionName string
 	// DialTimeout bounds Apply's connect, handshake included. Default 30s.
 	DialTimeout time.Duration
+
+	// partitionOf is the order exchange of the partitioned queue this one
+	// is a partition of ("" for none).
+	partitionOf string
+}
+
+// partition is the configuration of partition i of a partitioned c.
+func (c TopologyConfig) partition(i int) TopologyConfig {
+	p := c
+	p.Queue, p.Partitions, p.partitionOf = PartitionQueue(c.Queue, i), 0, OrderExchange(c.Queue)
+	return p
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -86,6 +104,12 @@ func (c TopologyConfig) Validate() error {
 	}
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("dial timeout %s must not be negative", c.DialTimeout))
+	}
+	if c.Partitions < 0 || c.Partitions > MaxPartitions {
+		errs = append(errs, fmt.Errorf("partitions %d must be between 0 and %d", c.Partitions, MaxPartitions))
+	}
+	if c.Partitions > 0 && len(c.Bindings) > 0 {
+		errs = append(errs, fmt.Errorf("a partitioned queue takes no bindings: publishers publish to %s", OrderExchange(c.Queue)))
 	}
 	if c.QuorumInitialGroupSize < 0 {
 		errs = append(errs, fmt.Errorf("quorum initial group size %d must not be negative", c.QuorumInitialGroupSize))
@@ -164,11 +188,33 @@ func (b Binding) String() string {
 	return s
 }
 
+// MaxPartitions bounds TopologyConfig.Partitions.
+const MaxPartitions = 256
+
+// OrderExchange is the exchange publishers of a partitioned queue q publish
+// to: q.order, of type x-consistent-hash on the header x-ordering-key.
+func OrderExchange(q string) string { return q + ".order" }
+
+// PartitionQueue is the name of partition i of q: q.p<i>.
+func PartitionQueue(q string, i int) string { return fmt.Sprintf("%s.p%d", q, i) }
+
+// orderExchangeArgs hash the ordering key header rather than the routing
+// key.
+var orderExchangeArgs = amqp.Table{"hash-header": "x-ordering-key"}
+
+// consistentHash is the exchange type of RabbitMQ's plugin
+// rabbitmq_consistent_hash_exchange.
+const consistentHash = "x-consistent-hash"
+
 // Topology names the queues and exchanges of one work queue Q:
 //
 //	Q                 the work queue (quorum, x-delivery-limit, dead-letters to Q.dlx)
 //	Q.retry.<delay>   one delay tier per retry delay (TTL, dead-letters back to Q)
 //	Q.dlx → Q.dlq     the dead-letter exchange (fanout) and queue
+//
+// A partitioned Q (TopologyConfig.Partitions) is the exchange Q.order and
+// its Partitions, each a Topology of its own (Q.p0, Q.p0.retry.<delay>,
+// Q.p0.dlx → Q.p0.dlq, …); Q itself is not declared.
 type Topology struct {
 	// Queue is the work queue Q.
 	Queue string
@@ -185,12 +231,32 @@ type Topology struct {
 	QuorumInitialGroupSize int
 	// Bindings bind the work queue to publishers' exchanges.
 	Bindings []Binding
+	// OrderExchange is the x-consistent-hash exchange a partition is bound
+	// to (and that a partitioned topology declares); "" for a queue that is
+	// not partitioned.
+	OrderExchange string
+	// SingleActiveConsumer: the work queue delivers to one consumer at a
+	// time (x-single-active-consumer), the others standing by: a
+	// partition's.
+	SingleActiveConsumer bool
+	// Partitions are the partitions of a partitioned queue, Q.p0 first.
+	Partitions []Topology
 }
 
 // NewTopology returns the topology cfg shapes (defaults applied).
 func NewTopology(cfg TopologyConfig) Topology {
 	c := cfg.WithDefaults()
+	if c.Partitions > 0 {
+		t := Topology{Queue: c.Queue, OrderExchange: OrderExchange(c.Queue)}
+		for i := range c.Partitions {
+			t.Partitions = append(t.Partitions, NewTopology(c.partition(i)))
+		}
+		t.Delays, t.ClassicQueues, t.DeliveryLimit = t.Partitions[0].Delays, c.ClassicQueues, c.DeliveryLimit
+		return t
+	}
 	return Topology{
+		OrderExchange:        c.partitionOf,
+		SingleActiveConsumer: c.partitionOf != "",
 		Queue:         c.Queue,
 		DLX:           c.Queue + ".dlx",
 		DLQ:           c.Queue + ".dlq",
@@ -260,6 +326,26 @@ func (t Topology) tierAtLeast(d time.Duration) string {
 	return t.TierName(t.Delays[len(t.Delays)-1])
 }
 
+// Names lists the queues and the exchanges t declares (of every partition
+// of a partitioned t), the work queues first.
+func (t Topology) Names() (queues, exchanges []string) {
+	if t.OrderExchange != "" && len(t.Partitions) > 0 {
+		exchanges = append(exchanges, t.OrderExchange)
+	}
+	if len(t.Partitions) > 0 {
+		for _, p := range t.Partitions {
+			q, x := p.Names()
+			queues, exchanges = append(queues, q...), append(exchanges, x...)
+		}
+		return queues, exchanges
+	}
+	queues = append(queues, t.Queue)
+	for _, d := range t.Delays {
+		queues = append(queues, t.TierName(d))
+	}
+	return append(queues, t.DLQ), append(exchanges, t.DLX)
+}
+
 // TierName is the queue name of the tier with delay d.
 func (t Topology) TierName(d time.Duration) string {
 	return fmt.Sprintf("%s.retry.%s", t.Queue, d)
@@ -286,6 +372,9 @@ func (t Topology) queueArgs(extra amqp.Table) amqp.Table {
 // WorkQueueArgs are the arguments Declare gives the work queue.
 func (t Topology) WorkQueueArgs() amqp.Table {
 	work := amqp.Table{"x-dead-letter-exchange": t.DLX}
+	if t.SingleActiveConsumer {
+		work["x-single-active-consumer"] = true
+	}
 	if !t.ClassicQueues {
 		work["x-delivery-limit"] = int64(t.DeliveryLimit)
 	}
@@ -308,6 +397,20 @@ func (t Topology) DLQArgs() amqp.Table { return t.queueArgs(nil) }
 // last (with the exchanges they declare). It is idempotent: declaring
 // again with the same configuration changes nothing.
 func (t Topology) Declare(ch *amqp.Channel) error {
+	if t.OrderExchange != "" {
+		if err := ch.ExchangeDeclare(t.OrderExchange, consistentHash, true, false, false, false, orderExchangeArgs); err != nil {
+			return fmt.Errorf("declare exchange %s (%s; RabbitMQ's plugin rabbitmq_consistent_hash_exchange must be enabled): %w",
+				t.OrderExchange, consistentHash, err)
+		}
+	}
+	if len(t.Partitions) > 0 {
+		for _, p := range t.Partitions {
+			if err := p.Declare(ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if err := ch.ExchangeDeclare(t.DLX, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", t.DLX, err)
 	}
@@ -324,6 +427,12 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		name := t.TierName(d)
 		if _, err := ch.QueueDeclare(name, true, false, false, false, t.TierArgs(d)); err != nil {
 			return fmt.Errorf("declare queue %s: %w", name, err)
+		}
+	}
+	if t.OrderExchange != "" {
+		// Each partition weighs the same in the hash ring.
+		if err := ch.QueueBind(t.Queue, "1", t.OrderExchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to exchange %s: %w", t.Queue, t.OrderExchange, err)
 		}
 	}
 	for _, b := range t.Bindings {

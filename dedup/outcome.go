@@ -40,6 +40,10 @@ const (
 	// OutcomeDeadLettered: the delivery went to the DLQ with a reason
 	// (consumer only).
 	OutcomeDeadLettered Outcome = "dead_lettered"
+	// OutcomeWaiting: an ordered delivery came before a sequence of its
+	// key not applied yet; it waits, unacknowledged and not run, for it
+	// (consumer only, docs/ordering.md).
+	OutcomeWaiting Outcome = "waiting"
 	// OutcomeCopyFailed: the copy that was to replace the delivery (retry,
 	// dead letter) was not confirmed durable, so the delivery went back to
 	// its queue unacknowledged and will come again (consumer only).

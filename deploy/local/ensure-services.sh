@@ -250,6 +250,30 @@ start_local_rabbitmq() {
 	fi
 }
 
+# ensure_rabbit_plugins: the consistent hash exchange (partitioned queues,
+# docs/ordering.md) ships with RabbitMQ but is off by default. Enabling it is
+# online and idempotent; a broker this script cannot reach as root or as a
+# compose service is left alone, with a note.
+readonly RABBIT_PLUGINS=(rabbitmq_consistent_hash_exchange)
+ensure_rabbit_plugins() {
+	if have rabbitmq-plugins && { is_root || [[ $(id -un) == rabbitmq ]]; } && rabbit_node_running; then
+		local enabled
+		enabled=$(timeout 30 rabbitmq-plugins list -e -m 2>/dev/null 9>&-) || enabled=""
+		local p
+		for p in "${RABBIT_PLUGINS[@]}"; do
+			if ! grep -qx "$p" <<<"$enabled"; then
+				log "enabling RabbitMQ plugin $p"
+				timeout 60 rabbitmq-plugins enable "$p" >&2 9>&- || log "WARNING: could not enable $p; partitioned queues need it"
+			fi
+		done
+	elif docker_engine_up && compose ps --status running rabbitmq 2>/dev/null | grep -q rabbitmq; then
+		compose exec -T rabbitmq rabbitmq-plugins enable "${RABBIT_PLUGINS[@]}" >&2 9>&- ||
+			log "WARNING: could not enable ${RABBIT_PLUGINS[*]} in the rabbitmq container"
+	else
+		log "note: partitioned queues need the RabbitMQ plugin(s) ${RABBIT_PLUGINS[*]}: rabbitmq-plugins enable ${RABBIT_PLUGINS[*]}"
+	fi
+}
+
 # ---------------------------------------------------------- installation ---
 
 install_packages() {
@@ -364,6 +388,7 @@ main() {
 
 	if pg_usable && amqp_usable; then
 		ensure_test_db
+		ensure_rabbit_plugins
 		log "PostgreSQL ($PG_HOST:$PG_PORT) and RabbitMQ ($AMQP_HOST:$AMQP_PORT) are up"
 		return 0
 	fi
@@ -415,6 +440,7 @@ main() {
 	log "waiting up to ${TIMEOUT}s for PostgreSQL and RabbitMQ"
 	wait_ready
 	ensure_test_db
+	ensure_rabbit_plugins
 	log "PostgreSQL ($PG_HOST:$PG_PORT) and RabbitMQ ($AMQP_HOST:$AMQP_PORT) are up"
 }
 

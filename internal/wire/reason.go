@@ -11,6 +11,8 @@ const (
 	ReasonKeyInvalid          = "idempotency_key_invalid"
 	ReasonKeyReuse            = "idempotency_key_reuse"
 	ReasonHeadersTooLarge     = "headers_too_large"
+	ReasonSequenceGap         = "sequence_gap"
+	ReasonSequenceInvalid     = "sequence_invalid"
 
 	ReasonDeliveryLimit = "delivery_limit"
 	ReasonExpired       = "expired"
