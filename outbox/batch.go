@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/msgspan"
+	"github.com/idemq/idemq/internal/ordering"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -56,7 +57,7 @@ func newRelayStatements(schema string) relayStatements {
 )
 SELECT o.id, o.exchange, o.routing_key, o.headers_amqp, o.headers_jsonb, o.body, o.content_type,
     o.content_encoding, o.delivery_mode, o.priority, o.correlation_id, o.reply_to,
-    o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''),
+    o.expiration, o.type, o.app_id, o.message_id, coalesce(o.ordering_key, ''), coalesce(o.sequence, 0),
     coalesce(o.traceparent, ''), coalesce(o.tracestate, ''), c.attempts, c.returns, o.created_at,
     c.locked
 FROM cut c JOIN ` + t + ` o ON o.id = c.id
@@ -95,6 +96,7 @@ type row struct {
 	deliveryMode, priority                  int16
 	correlationID, replyTo, expiration, typ string
 	appID, messageID, orderingKey           string
+	sequence                                int64
 	traceparent, tracestate                 string
 	attempts, returns                       int
 	createdAt                               time.Time
@@ -196,6 +198,14 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, l *lane) (full bool,
 		return false, err
 	}
 	r.report(bctx, pubs)
+	for _, w := range rows {
+		if w.orderingKey != "" {
+			// Its key's next row is eligible now: look again at once
+			// rather than wait for a wake-up.
+			full = true
+			break
+		}
+	}
 	if timeout {
 		// Late confirms and returns may still come on this channel: start
 		// a fresh one rather than mistake them for the next batch's.
@@ -255,7 +265,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, limit int) (rows []*row, c
 		var w row
 		err := rs.Scan(&w.id, &w.exchange, &w.routingKey, &w.headers, &w.headersJSON, &w.body, &w.contentType,
 			&w.contentEncoding, &w.deliveryMode, &w.priority, &w.correlationID, &w.replyTo,
-			&w.expiration, &w.typ, &w.appID, &w.messageID, &w.orderingKey,
+			&w.expiration, &w.typ, &w.appID, &w.messageID, &w.orderingKey, &w.sequence,
 			&w.traceparent, &w.tracestate, &w.attempts, &w.returns, &w.createdAt,
 			&claimed)
 		return &w, err
@@ -322,6 +332,15 @@ func (r *Relay) publishAll(ctx context.Context, s *session, rows []*row) (pubs [
 		}
 		if headers == nil {
 			headers = amqp.Table{}
+		}
+		if w.orderingKey != "" {
+			// The next consumer checks the key's order (docs/ordering.md).
+			if _, set := headers[ordering.HeaderKey]; !set {
+				headers[ordering.HeaderKey] = w.orderingKey
+			}
+			if w.sequence > 0 {
+				headers[ordering.HeaderSequence] = w.sequence
+			}
 		}
 		spanCtx, span := r.startSpan(ctx, w, headers)
 		p.span = span

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/schema"
 	"github.com/idemq/idemq/internal/claim"
+	"github.com/idemq/idemq/internal/ordering"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/sweep"
 )
@@ -41,8 +42,13 @@ type Message struct {
 	MessageID string
 	// OrderingKey, when set, orders the message after every earlier message
 	// with the same key: the relays publish one at a time per key, in id
-	// order (commit order when the key's writers are serialised). It costs
-	// throughput on that key; see docs/outbox.md.
+	// order, which is commit order: the row takes its key's next sequence
+	// in the enqueuing transaction, whose row lock orders the key's
+	// writers. It is published with the headers x-ordering-key and
+	// x-sequence (that sequence, counting from 1 per key and schema, with
+	// no gap), unless Headers carry an x-sequence already (a forwarded
+	// message keeps its publisher's). It costs throughput on that key; see
+	// docs/outbox.md and docs/ordering.md.
 	OrderingKey string
 	// DeliveryMode is amqp.Persistent (the default, when zero) or amqp.Transient.
 	DeliveryMode uint8
@@ -97,6 +103,8 @@ type Outbox struct {
 	// published is the record of published messages (migration 009).
 	published string
 	insert    string
+	// nextSequences advances the ordering keys' counters (migration 010).
+	nextSequences string
 
 	gcMetrics *sweep.Metrics
 }
@@ -122,8 +130,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 		table:     table,
 		published: pgx.Identifier{c.Schema, "outbox_published"}.Sanitize(),
 		gcMetrics: m,
+		nextSequences: `INSERT INTO ` + pgx.Identifier{c.Schema, "outbox_sequences"}.Sanitize() + ` AS s (ordering_key, last_sequence)
+SELECT k, count(*) FROM unnest($1::text[]) AS k GROUP BY k
+ON CONFLICT (ordering_key) DO UPDATE SET last_sequence = s.last_sequence + excluded.last_sequence
+RETURNING ordering_key, last_sequence`,
 		insert: `INSERT INTO ` + table + ` (` + columnList + `)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
 	}, nil
 }
 
@@ -134,8 +146,18 @@ func (o *Outbox) Config() Config { return o.cfg }
 var columns = []string{
 	"exchange", "routing_key", "headers_amqp", "body", "content_type", "content_encoding",
 	"delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "type", "app_id",
-	"message_id", "ordering_key", "traceparent", "tracestate",
+	"message_id", "ordering_key", "traceparent", "tracestate", "sequence",
 }
+
+// Where row() puts the ordering key and the sequence.
+const (
+	orderingKeyColumn = 14
+	sequenceColumn    = 17
+)
+
+// sequenceDue stands in a row's sequence column until the row is written:
+// the row takes its ordering key's next sequence then (assignSequences).
+type sequenceDue struct{}
 
 var columnList = func() string {
 	s := ""
@@ -166,8 +188,56 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 		d.add(o, row)
 		return nil
 	}
+	if err := o.assignSequences(ctx, tx, [][]any{row}); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
 	if _, err := tx.Exec(ctx, o.insert, row...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return nil
+}
+
+// assignSequences gives each row whose sequence is due its ordering key's
+// next sequences, in row order, with one statement in tx. The counter rows
+// it advances stay locked until tx ends, so the key's next writer waits
+// and its sequences, ids and commit follow this one's.
+func (o *Outbox) assignSequences(ctx context.Context, tx pgx.Tx, rows [][]any) error {
+	var keys []string
+	count := map[string]int64{}
+	for _, r := range rows {
+		if _, due := r[sequenceColumn].(sequenceDue); due {
+			k := r[orderingKeyColumn].(string)
+			keys = append(keys, k)
+			count[k]++
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	rs, err := tx.Query(ctx, o.nextSequences, keys)
+	if err != nil {
+		return fmt.Errorf("assign sequences: %w", err)
+	}
+	// next is each key's first sequence for these rows.
+	next := map[string]int64{}
+	for rs.Next() {
+		var k string
+		var last int64
+		if err := rs.Scan(&k, &last); err != nil {
+			rs.Close()
+			return fmt.Errorf("assign sequences: %w", err)
+		}
+		next[k] = last - count[k] + 1
+	}
+	if err := rs.Err(); err != nil {
+		return fmt.Errorf("assign sequences: %w", err)
+	}
+	for _, r := range rows {
+		if _, due := r[sequenceColumn].(sequenceDue); due {
+			k := r[orderingKeyColumn].(string)
+			r[sequenceColumn] = next[k]
+			next[k]++
+		}
 	}
 	return nil
 }
@@ -204,6 +274,9 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) er
 
 // copyRows writes rows into the outbox in tx with one COPY.
 func (o *Outbox) copyRows(ctx context.Context, tx pgx.Tx, rows [][]any) error {
+	if err := o.assignSequences(ctx, tx, rows); err != nil {
+		return err
+	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows))
 	return err
 }
@@ -258,17 +331,20 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var hdr, orderingKey any
+	var hdr, orderingKey, sequence any
 	if headers != nil {
 		hdr = headers
 	}
 	if m.OrderingKey != "" {
 		orderingKey = m.OrderingKey
+		if _, own := m.Headers[ordering.HeaderSequence]; !own {
+			sequence = sequenceDue{}
+		}
 	}
 	return []any{
 		m.Exchange, m.RoutingKey, hdr, m.Body, m.ContentType, m.ContentEncoding,
 		int16(m.DeliveryMode), int16(m.Priority), m.CorrelationID, m.ReplyTo, m.Expiration, m.Type, m.AppID,
-		m.MessageID, orderingKey, traceparent, tracestate,
+		m.MessageID, orderingKey, traceparent, tracestate, sequence,
 	}, nil
 }
 

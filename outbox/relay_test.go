@@ -661,3 +661,59 @@ func (e *env) waitAllPublished(t *testing.T, c *collector, committed []string, n
 	}
 	return dups
 }
+
+// Rows of one ordering key, enqueued by four writers at once (two rows a
+// transaction, with EnqueueBatch), take the sequences 1…N of their key in
+// commit order, with no gap, and arrive in that order with x-ordering-key
+// and x-sequence; a message that carries its own x-sequence keeps it.
+func TestOrderingKeySequencesFollowCommitOrder(t *testing.T) {
+	t.Parallel()
+	const writers, txs = 4, 40
+	e := newEnv(t, 16)
+	e.startRelay(t, e.relayConfig(t))
+	e.startRelay(t, e.relayConfig(t))
+	ctx := context.Background()
+	var g errgroup.Group
+	for w := range writers {
+		g.Go(func() error {
+			for i := range txs {
+				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					return e.ob.EnqueueBatch(ctx, tx, []outbox.Message{
+						{Exchange: e.exchange, RoutingKey: boundKey, OrderingKey: "acct", MessageID: fmt.Sprintf("w%d/%d/a", w, i)},
+						{Exchange: e.exchange, RoutingKey: boundKey, OrderingKey: "acct", MessageID: fmt.Sprintf("w%d/%d/b", w, i)},
+					})
+				})
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return e.ob.Enqueue(ctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, OrderingKey: "other",
+			MessageID: "own", Headers: amqp.Table{"x-sequence": int64(41)}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, all := e.consumeAll(t, 2*writers*txs+1, 60*time.Second)
+	var want int64 = 1
+	for _, d := range all {
+		if d.MessageId == "own" {
+			if d.Headers["x-sequence"] != int64(41) || d.Headers["x-ordering-key"] != "other" {
+				t.Errorf("own sequence: headers %v, want x-sequence 41 kept", d.Headers)
+			}
+			continue
+		}
+		if d.Headers["x-ordering-key"] != "acct" || d.Headers["x-sequence"] != want {
+			t.Fatalf("message %s: x-ordering-key %v x-sequence %v, want acct %d", d.MessageId, d.Headers["x-ordering-key"], d.Headers["x-sequence"], want)
+		}
+		want++
+	}
+	if want != 2*writers*txs+1 {
+		t.Fatalf("%d sequenced messages, want %d", want-1, 2*writers*txs)
+	}
+}

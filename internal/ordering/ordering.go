@@ -15,6 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// The headers of ordered messages (DESIGN section 12), the publishers' own
+// claims: the consumer reads them (internal/wire), the outbox's relay
+// writes them.
+const (
+	HeaderKey      = "x-ordering-key"
+	HeaderSequence = "x-sequence"
+)
+
 // Verdict is what a message's sequence is to its key's last applied one.
 type Verdict int
 

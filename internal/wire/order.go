@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/ordering"
 )
 
 // The headers of ordered messages (DESIGN section 12): the publisher's own
@@ -13,10 +15,10 @@ import (
 const (
 	// HeaderOrderingKey names the entity whose messages take effect in
 	// order (an aggregate's id); the partitions' exchange hashes it.
-	HeaderOrderingKey = "x-ordering-key"
+	HeaderOrderingKey = ordering.HeaderKey
 	// HeaderSequence is the message's position among its ordering key's,
 	// counting from 1 with no gap.
-	HeaderSequence = "x-sequence"
+	HeaderSequence = ordering.HeaderSequence
 )
 
 // MaxOrderingKeyLen bounds an ordering key, in bytes.

@@ -41,7 +41,20 @@ CREATE TABLE {{.schema}}.ordering_skips (
     skipped_at    timestamptz NOT NULL DEFAULT now()
 );
 
+-- The outbox's side: a row enqueued with an ordering key takes the next
+-- sequence of its key in the enqueuing transaction (the counter's row lock
+-- orders the key's writers, so sequences follow commit order), and the
+-- relay publishes it with x-ordering-key and x-sequence.
+ALTER TABLE {{.schema}}.outbox ADD COLUMN sequence bigint;
+
+CREATE TABLE {{.schema}}.outbox_sequences (
+    ordering_key  text   PRIMARY KEY,
+    last_sequence bigint NOT NULL
+);
+
 ---- create above / drop below ----
 
+DROP TABLE {{.schema}}.outbox_sequences;
+ALTER TABLE {{.schema}}.outbox DROP COLUMN sequence;
 DROP TABLE {{.schema}}.ordering_skips;
 DROP TABLE {{.schema}}.ordering_keys;

@@ -38,6 +38,8 @@ func (a *app) forwardCommand() *cobra.Command {
 		shutdownTimeout time.Duration
 		drainTimeout    time.Duration
 		hashKeys        bool
+		ordered         bool
+		gapTimeout      time.Duration
 		tenantHeader    string
 		keyHeader       string
 		headerKeysFile  string
@@ -71,8 +73,17 @@ The consumer declares Q's topology on connect, so the topology flags must match
 those given to 'idemq topology apply'. The schema must be migrated
 ('idemq migrate'). Runs until SIGINT or SIGTERM, then stops consuming, lets the
 messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
---drain-timeout) and exits 0.`,
+--drain-timeout) and exits 0.
+
+--partitions N consumes the partitions Q.p0 … Q.p{N-1} of a partitioned Q
+('idemq topology apply --partitions N'); with --ordered, each ordering key's
+messages are forwarded one at a time and, with x-sequence, each sequence once
+and in order: a sequence that comes early waits up to --gap-timeout for its
+predecessor, then goes to its partition's DLQ with reason sequence_gap and its
+key is blocked ('idemq order status', 'idemq order skip'). x-ordering-key and
+x-sequence are forwarded as they are (docs/ordering.md).`,
 		Example: `  idemq forward --queue payments --consumer charge --to-exchange ledger
+  idemq forward --queue ledger --partitions 4 --ordered --consumer project --to-exchange projections
   idemq forward --queue payments --consumer charge --to-exchange ledger --to-routing-key charged --concurrency 16`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
@@ -100,6 +111,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 				return usagef("--to-exchange \"\" (the default exchange) needs --to-routing-key naming another queue than --queue")
 			case shutdownTimeout <= 0 || drainTimeout <= 0:
 				return usagef("--shutdown-timeout and --drain-timeout must be positive")
+			case gapTimeout <= 0 || gapTimeout > consumer.MaxGapTimeout:
+				return usagef("--gap-timeout %s must be positive and at most %s", gapTimeout, consumer.MaxGapTimeout)
 			}
 			headerKeys, err := a.headerKeys(headerKeysFile)
 			if err != nil {
@@ -141,6 +154,9 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 			}
 			ccfg.DialTimeout = a.connectTimeout
 			t.apply(&ccfg)
+			if ordered {
+				ccfg.Ordering = &consumer.Ordering{GapTimeout: gapTimeout}
+			}
 			st, err := forward.New(store, forward.Config{
 				Consumer:     ccfg,
 				Exchange:     toExchange,
@@ -167,6 +183,8 @@ messages in hand finish (--shutdown-timeout), flushes the outbox (bounded by
 	f.DurationVar(&lease, "lease", dedup.DefaultLease, "lease of a claimed key: a crashed forwarder's keys are taken over after it")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", consumer.DefaultShutdownTimeout, "how long the messages in hand may take to finish after a signal")
 	f.DurationVar(&drainTimeout, "drain-timeout", forward.DefaultDrainTimeout, "how long the relay keeps publishing the outbox after the consumer stopped")
+	f.BoolVar(&ordered, "ordered", false, "keep each x-ordering-key's messages in order: one at a time, and with x-sequence each sequence once and in order (docs/ordering.md)")
+	f.DurationVar(&gapTimeout, "gap-timeout", consumer.DefaultGapTimeout, "with --ordered: how long a message waits for its predecessor before it goes to the DLQ with reason sequence_gap")
 	f.BoolVar(&hashKeys, "hash-keys", false, "store a SHA-256 of each key instead of the key (use 'keys inspect --hashed' to read them)")
 	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "header carrying the tenant of the key")
 	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "header carrying the key of a message without message_id")

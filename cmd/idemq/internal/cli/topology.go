@@ -26,6 +26,7 @@ type topologyFlags struct {
 	deliveryLimit   int
 	classic         bool
 	groupSize       int
+	partitions      int
 }
 
 func (t *topologyFlags) register(f *pflag.FlagSet) {
@@ -36,6 +37,7 @@ func (t *topologyFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&t.retryMax, "retry-max", consumer.DefaultRetryMax, "longest retry delay")
 	f.IntVar(&t.deliveryLimit, "delivery-limit", consumer.DefaultDeliveryLimit, "the work queue's x-delivery-limit: the broker dead-letters a message delivered more often")
 	f.BoolVar(&t.classic, "classic", false, "declare classic queues instead of quorum queues (broker dead-lettering is then at-most-once)")
+	f.IntVar(&t.partitions, "partitions", 0, "split Q into N partitions for ordered consumption: exchange Q.order (x-consistent-hash on x-ordering-key) and queues Q.p0 … Q.p{N-1}, each single-active-consumer with its tiers and DLQ (docs/ordering.md)")
 	f.IntVar(&t.groupSize, "quorum-initial-group-size", 0, "x-quorum-initial-group-size of the quorum queues: nodes that get a replica at declaration (0: the broker's default, 3)")
 }
 
@@ -55,6 +57,8 @@ func (t *topologyFlags) validate() error {
 		return usagef("--delivery-limit %d must be at least 1", t.deliveryLimit)
 	case t.groupSize < 0:
 		return usagef("--quorum-initial-group-size %d must not be negative", t.groupSize)
+	case t.partitions < 0 || t.partitions > consumer.MaxPartitions:
+		return usagef("--partitions %d must be between 0 and %d", t.partitions, consumer.MaxPartitions)
 	}
 	return nil
 }
@@ -69,6 +73,7 @@ func (t *topologyFlags) config() consumer.TopologyConfig {
 		RetryMax:        t.retryMax,
 		DeliveryLimit:   t.deliveryLimit,
 		ClassicQueues:   t.classic,
+		Partitions:      t.partitions,
 
 		QuorumInitialGroupSize: t.groupSize,
 	}
@@ -86,6 +91,7 @@ func (t *topologyFlags) apply(c *consumer.Config) {
 	c.DeliveryLimit = tc.DeliveryLimit
 	c.ClassicQueues = tc.ClassicQueues
 	c.QuorumInitialGroupSize = tc.QuorumInitialGroupSize
+	c.Partitions = tc.Partitions
 }
 
 func (a *app) topologyCommand() *cobra.Command {
@@ -116,11 +122,18 @@ declared, durable; without one it must exist. A headers binding's KEY is the
 arguments it matches: x-match=all,type=refund. Retry and dead-letter copies
 never go back through these exchanges.
 
+--partitions N declares a partitioned Q for ordered consumption instead: the
+exchange Q.order (x-consistent-hash, hashing the header x-ordering-key), which
+publishers publish to, and N queues Q.p0 … Q.p{N-1}, each quorum with
+single-active-consumer, bound with weight 1, with its own retry tiers and DLQ.
+'idemq forward --partitions N' consumes them (docs/ordering.md).
+
 -f FILE declares every work queue and exchange of a topology file instead
 (docs/topology.md); 'idemq topology diff -f FILE' compares it with the broker.`,
 		Example: `  idemq topology apply --queue payments
   idemq topology apply --queue payments --max-attempts 4 --retry-initial 500ms --retry-multiplier 4 --retry-max 1m
   idemq topology apply --queue payments --bind orders:topic:order.created --bind orders:topic:order.paid
+  idemq topology apply --queue ledger --partitions 4
   idemq topology apply -f deploy/topology.yaml`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
@@ -204,6 +217,14 @@ func (t *topologyFlags) deployment(cmd *cobra.Command, binds []string, file stri
 }
 
 func printTopology(a *app, topo consumer.Topology) {
+	if len(topo.Partitions) > 0 {
+		fmt.Fprintf(a.stdout, "exchange  %s  partitions' exchange (x-consistent-hash on %s, %d partitions)\n",
+			topo.OrderExchange, consumer.HeaderOrderingKey, len(topo.Partitions))
+		for _, p := range topo.Partitions {
+			printTopology(a, p)
+		}
+		return
+	}
 	kind := "quorum"
 	if topo.ClassicQueues {
 		kind = "classic"
@@ -213,7 +234,13 @@ func printTopology(a *app, topo consumer.Topology) {
 	if !topo.ClassicQueues {
 		fmt.Fprintf(w, ", x-delivery-limit %d", topo.DeliveryLimit)
 	}
+	if topo.SingleActiveConsumer {
+		fmt.Fprintf(w, ", single active consumer")
+	}
 	fmt.Fprintf(w, ", dead-letters to %s)\n", topo.DLX)
+	if topo.OrderExchange != "" {
+		fmt.Fprintf(w, "binding\t%s:1\t%s ← %s (a partition, weight 1)\n", topo.OrderExchange, topo.Queue, topo.OrderExchange)
+	}
 	for _, d := range topo.Delays {
 		fmt.Fprintf(w, "queue\t%s\tretry tier (%s, TTL %s, back to %s)\n", topo.TierName(d), kind, d, topo.Queue)
 	}

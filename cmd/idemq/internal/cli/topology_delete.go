@@ -82,9 +82,19 @@ delay is left behind; name its policy with the retry flags, or use
 			ctx := cmd.Context()
 			var tiers []string
 			if mgmt != nil {
-				var err error
-				if tiers, err = a.managementTiers(ctx, mgmt, t.queue); err != nil {
-					return err
+				queues := []string{t.queue}
+				if t.partitions > 0 {
+					queues = nil
+					for i := range t.partitions {
+						queues = append(queues, consumer.PartitionQueue(t.queue, i))
+					}
+				}
+				for _, q := range queues {
+					found, err := a.managementTiers(ctx, mgmt, q)
+					if err != nil {
+						return err
+					}
+					tiers = append(tiers, found...)
 				}
 			}
 			conn, err := a.dialAMQP("idemq-topology-delete")
@@ -121,6 +131,27 @@ delay is left behind; name its policy with the retry flags, or use
 // policy, of the common delays, and those named in extraTiers), its DLQ and
 // its DLX, in the order they are deleted.
 func findTopology(conn *amqp.Connection, t topologyFlags, extraTiers []string) ([]topologyEntity, error) {
+	if t.partitions > 0 {
+		var found []topologyEntity
+		for i := range t.partitions {
+			p := t
+			p.queue, p.partitions = consumer.PartitionQueue(t.queue, i), 0
+			f, err := findTopology(conn, p, extraTiers)
+			if err != nil {
+				return nil, err
+			}
+			found = append(found, f...)
+		}
+		x := consumer.OrderExchange(t.queue)
+		ok, err := exchangeExists(conn, x)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			found = append(found, topologyEntity{kind: "exchange", name: x, role: "partitions' exchange"})
+		}
+		return found, nil
+	}
 	var cfg consumer.Config
 	t.apply(&cfg)
 	topo := consumer.NewTopology(cfg.TopologyConfig())

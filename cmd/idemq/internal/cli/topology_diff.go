@@ -123,6 +123,19 @@ func (c *differ) deployment(d deployment) error {
 }
 
 func (c *differ) workQueue(t consumer.Topology) error {
+	if len(t.Partitions) > 0 {
+		// Its arguments (the hash header) are not compared: a declare
+		// without them would read as a difference.
+		if err := c.exchange(t.OrderExchange, "x-consistent-hash", false); err != nil {
+			return err
+		}
+		for _, p := range t.Partitions {
+			if err := c.workQueue(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if err := c.exchange(t.DLX, amqp.ExchangeFanout, true); err != nil {
 		return err
 	}

@@ -36,6 +36,9 @@ type fileQueue struct {
 	QuorumInitialGroupSize int           `yaml:"quorum_initial_group_size"`
 	Retry                  fileRetry     `yaml:"retry"`
 	Bindings               []fileBinding `yaml:"bindings"`
+	// Partitions splits the queue for ordered consumption (`topology
+	// apply --partitions`).
+	Partitions int `yaml:"partitions"`
 }
 
 type fileRetry struct {
@@ -152,6 +155,7 @@ func (q fileQueue) config() (consumer.TopologyConfig, error) {
 		DeliveryLimit:   q.DeliveryLimit,
 		ClassicQueues:   classic,
 		Bindings:        bindings,
+		Partitions:      q.Partitions,
 
 		QuorumInitialGroupSize: q.QuorumInitialGroupSize,
 	}

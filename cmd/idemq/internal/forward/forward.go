@@ -132,7 +132,11 @@ func New(store *dedup.Store, cfg Config) (*Stage, error) {
 			next(ev)
 		}
 	}
-	c, err := consumer.New(store, Handler(ob, cfg.Exchange, cfg.RoutingKey), &ccfg)
+	h := Handler(ob, cfg.Exchange, cfg.RoutingKey)
+	if ccfg.Ordering != nil {
+		h = OrderedHandler(ob, cfg.Exchange, cfg.RoutingKey)
+	}
+	c, err := consumer.New(store, h, &ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("forward: %w", err)
 	}
@@ -189,6 +193,21 @@ func (s *Stage) Run(ctx context.Context) error {
 func Handler(ob *outbox.Outbox, exchange, routingKey string) consumer.Handler {
 	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
 		if err := ob.Enqueue(ctx, tx, Message(d, exchange, routingKey)); err != nil {
+			return consumer.Response{}, err
+		}
+		return consumer.Response{}, nil
+	}
+}
+
+// OrderedHandler is Handler for an ordered stage: a message with an
+// x-ordering-key is enqueued with that OrderingKey, so that the relays
+// publish its key's messages in the order the stage committed them (with
+// the x-sequence it came with, or the outbox's own when it had none).
+func OrderedHandler(ob *outbox.Outbox, exchange, routingKey string) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+		m := Message(d, exchange, routingKey)
+		m.OrderingKey, _ = d.Headers[consumer.HeaderOrderingKey].(string)
+		if err := ob.Enqueue(ctx, tx, m); err != nil {
 			return consumer.Response{}, err
 		}
 		return consumer.Response{}, nil
