@@ -153,6 +153,10 @@ type scenario struct {
 	batch   int
 	group   string
 	bare    bool
+	// partitions, when set, makes an ordered row: the queue is
+	// partitioned, the consumer ordered, and the messages carry
+	// orderedKeys ordering keys and their sequences.
+	partitions, orderedKeys int
 	// skip, when set, is why the row does not run.
 	skip string
 }
@@ -238,6 +242,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq batch 100, 2 in flight, linger 5ms", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, concurrency: 2, linger: 5 * time.Millisecond},
 		scenario{name: fmt.Sprintf("idemq optimistic group %d, 20%% dup", g), mode: modeIdemq, consumer: consumer.ModeOptimistic, groupSize: g, duplicates: 0.2},
 		scenario{name: "idemq batch 100, 20% dup", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, duplicates: 0.2},
+		scenario{name: fmt.Sprintf("idemq ordered, 4 partitions, 1000 keys, group %d", g), mode: modeIdemq, consumer: consumer.ModeGroup, groupSize: g, partitions: 4, orderedKeys: 1000},
 	)
 	if o.WatermillDir != "" {
 		scenarios = append(scenarios,
@@ -500,7 +505,7 @@ func loadAverage() string {
 }
 
 // prepare gives a scenario a fresh queue (and for idemq, topology and schema).
-func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, queue string) error {
+func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, queue string, partitions int) error {
 	if err := resetSchema(ctx, pool); err != nil {
 		return err
 	}
@@ -509,9 +514,9 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, que
 		return err
 	}
 	defer ch.Close()
-	cfg := benchConsumerConfig(queue)
-	topo := consumer.NewTopology(cfg.TopologyConfig())
-	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
+	topo := benchTopology(queue, partitions)
+	queues, _ := topo.Names()
+	for _, q := range queues {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return err
 		}
@@ -543,6 +548,14 @@ func benchConsumerConfig(queue string) consumer.Config {
 	return consumer.Config{URL: "amqp://unused", Queue: queue, Name: "bench"}
 }
 
+// benchTopology is the topology of a row's queue (partitioned when
+// partitions > 0).
+func benchTopology(queue string, partitions int) consumer.Topology {
+	cfg := benchConsumerConfig(queue)
+	cfg.Partitions = partitions
+	return consumer.NewTopology(cfg.TopologyConfig())
+}
+
 func tierNames(t consumer.Topology) []string {
 	var out []string
 	for _, d := range t.Delays {
@@ -553,7 +566,7 @@ func tierNames(t consumer.Topology) []string {
 
 // publish loads n messages (unique keys, or a share of repeats) with
 // confirms; paced adds the send time in a header and keeps to rate/s.
-func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size int, dup float64, prefix string, rate int) error {
+func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size int, dup float64, prefix string, rate, orderedKeys int) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -587,12 +600,20 @@ func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size i
 		} else {
 			unique++
 		}
-		msg := amqp.Publishing{MessageId: key, Body: body, DeliveryMode: amqp.Persistent}
+		msg := amqp.Publishing{MessageId: key, Body: body, DeliveryMode: amqp.Persistent, Headers: amqp.Table{}}
+		exchange, routingKey := "", queue
+		if orderedKeys > 0 {
+			// Round robin over the keys: message i is event i/keys+1 of
+			// key i%keys, published in order to the partitions' exchange.
+			msg.Headers[consumer.HeaderOrderingKey] = prefix + "e" + strconv.Itoa(i%orderedKeys)
+			msg.Headers[consumer.HeaderSequence] = int64(i/orderedKeys + 1)
+			exchange, routingKey = consumer.OrderExchange(queue), ""
+		}
 		if tick != nil {
 			<-tick.C
-			msg.Headers = amqp.Table{headerSent: time.Now().UnixNano()}
+			msg.Headers[headerSent] = time.Now().UnixNano()
 		}
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, msg)
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, false, false, msg)
 		if err != nil {
 			return err
 		}
@@ -612,23 +633,23 @@ func publish(ctx context.Context, conn *amqp.Connection, queue string, n, size i
 func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() measured) (Result, error) {
 	o := b.o
 	queue := fmt.Sprintf("idemq.bench.%d", time.Now().UnixNano())
-	if err := prepare(ctx, b.pool, b.conn, queue); err != nil {
+	if err := prepare(ctx, b.pool, b.conn, queue, sc.partitions); err != nil {
 		return Result{}, err
 	}
-	defer cleanupQueue(b.conn, queue)
+	defer cleanupQueue(b.conn, queue, sc.partitions)
 	if sc.kind == runRiver {
 		// River's jobs are its queue: inserted up front, outside the
 		// measurement, by a process of their own.
 		if err := b.riverInsert(ctx); err != nil {
 			return Result{Note: err.Error()}, nil
 		}
-	} else if err := publish(ctx, b.conn, queue, o.Messages, o.BodySize, sc.duplicates, "k-", 0); err != nil {
+	} else if err := publish(ctx, b.conn, queue, o.Messages, o.BodySize, sc.duplicates, "k-", 0, sc.orderedKeys); err != nil {
 		return Result{}, err
 	}
 	quiesce(ctx, b.pool)
 	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
-		Consumer: sc.consumer, Linger: sc.linger}
+		Consumer: sc.consumer, Linger: sc.linger, Partitions: sc.partitions}
 	var res workerResult
 	var usage *syscall.Rusage
 	var err error
@@ -658,7 +679,7 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 		return r, nil
 	}
 	// Latency: a fresh queue, messages at a steady rate, well below capacity.
-	if err := prepare(ctx, b.pool, b.conn, queue); err != nil {
+	if err := prepare(ctx, b.pool, b.conn, queue, sc.partitions); err != nil {
 		return r, err
 	}
 	spec.Count, spec.MaxDuration = o.Paced, time.Duration(o.Paced/o.PacedRate+10)*time.Second
@@ -672,10 +693,14 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 		ch <- done{res, err}
 	}()
 	// Publish once the worker consumes: its start-up is not latency.
-	if err := waitConsumer(ctx, b.conn, queue, 15*time.Second); err != nil {
+	watched := queue
+	if sc.partitions > 0 {
+		watched = consumer.PartitionQueue(queue, sc.partitions-1)
+	}
+	if err := waitConsumer(ctx, b.conn, watched, 15*time.Second); err != nil {
 		return r, err
 	}
-	if err := publish(ctx, b.conn, queue, o.Paced, o.BodySize, 0, "p-", o.PacedRate); err != nil {
+	if err := publish(ctx, b.conn, queue, o.Paced, o.BodySize, 0, "p-", o.PacedRate, sc.orderedKeys); err != nil {
 		return r, err
 	}
 	d := <-ch
@@ -693,15 +718,16 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 
 // cleanupQueue deletes a scenario's queues and dead-letter exchange, each
 // on a channel of its own (a failed delete closes its channel).
-func cleanupQueue(conn *amqp.Connection, queue string) {
-	cfg := benchConsumerConfig(queue)
-	topo := consumer.NewTopology(cfg.TopologyConfig())
-	for _, q := range append(tierNames(topo), topo.Queue, topo.DLQ) {
+func cleanupQueue(conn *amqp.Connection, queue string, partitions int) {
+	queues, exchanges := benchTopology(queue, partitions).Names()
+	for _, q := range queues {
 		deleteQueue(conn, q)
 	}
-	if ch, err := conn.Channel(); err == nil {
-		_ = ch.ExchangeDelete(topo.DLX, false, false)
-		_ = ch.Close()
+	for _, x := range exchanges {
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(x, false, false)
+			_ = ch.Close()
+		}
 	}
 }
 

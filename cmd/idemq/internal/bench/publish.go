@@ -131,15 +131,15 @@ func (b *bench) runPublishScenario(ctx context.Context, sc scenario, measure fun
 	case modePipe, modeForward:
 		spec.Queue = fmt.Sprintf("idemq.bench.fwd.%d", stamp)
 		spec.Target = spec.Queue + ".out"
-		if err := prepare(ctx, b.pool, b.conn, spec.Queue); err != nil {
+		if err := prepare(ctx, b.pool, b.conn, spec.Queue, 0); err != nil {
 			return Result{}, err
 		}
-		defer cleanupQueue(b.conn, spec.Queue)
+		defer cleanupQueue(b.conn, spec.Queue, 0)
 		if err := declarePlain(b.conn, spec.Target, false); err != nil {
 			return Result{}, err
 		}
 		defer deleteQueue(b.conn, spec.Target)
-		if err := publish(ctx, b.conn, spec.Queue, o.Messages, o.BodySize, 0, "f-", 0); err != nil {
+		if err := publish(ctx, b.conn, spec.Queue, o.Messages, o.BodySize, 0, "f-", 0, 0); err != nil {
 			return Result{}, err
 		}
 	}

@@ -32,12 +32,12 @@ func runSweep(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Con
 	fmt.Fprintf(out, "  sweep: group commit by group size and concurrency")
 	for _, p := range grid {
 		queue := fmt.Sprintf("idemq.bench.sweep.%d", time.Now().UnixNano())
-		if err := prepare(ctx, pool, conn, queue); err != nil {
+		if err := prepare(ctx, pool, conn, queue, 0); err != nil {
 			return nil, err
 		}
 		n := min(o.Messages, 10000)
-		if err := publish(ctx, conn, queue, n, o.BodySize, 0, "s-", 0); err != nil {
-			cleanupQueue(conn, queue)
+		if err := publish(ctx, conn, queue, n, o.BodySize, 0, "s-", 0, 0); err != nil {
+			cleanupQueue(conn, queue, 0)
 			return nil, err
 		}
 		m := consumer.ModeOptimistic
@@ -47,7 +47,7 @@ func runSweep(ctx context.Context, o Options, pool *pgxpool.Pool, conn *amqp.Con
 		res, _, err := runWorkerProcess(ctx, workerSpec{Mode: modeIdemq, Consumer: m, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema,
 			Queue: queue, Count: n, MaxDuration: 5 * time.Second, Concurrency: p.Concurrency,
 			Prefetch: p.Concurrency * (p.GroupSize + 1), GroupSize: p.GroupSize})
-		cleanupQueue(conn, queue)
+		cleanupQueue(conn, queue, 0)
 		if err != nil {
 			return nil, err
 		}

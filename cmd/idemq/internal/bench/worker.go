@@ -58,6 +58,8 @@ type workerSpec struct {
 	GroupSize   int           `json:"group_size"`
 	// Consumer is the mode an idemq worker runs (consumer.Mode.Apply).
 	Consumer consumer.Mode `json:"consumer,omitempty"`
+	// Partitions, when set, consumes a partitioned queue, ordered.
+	Partitions int `json:"partitions,omitempty"`
 	Linger   time.Duration `json:"linger,omitempty"`
 	// Publishing side: the queue published to, the body size, the
 	// publisher's confirm window, the relay's batch size.
@@ -254,6 +256,9 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 			h := sent[e.KeyHash]
 			delete(sent, e.KeyHash)
 			sentMu.Unlock()
+			if e.Outcome == consumer.OutcomeWaiting {
+				return // it runs again when its turn comes
+			}
 			if e.Outcome == consumer.OutcomeDuplicate {
 				t.delivered()
 			}
@@ -268,6 +273,9 @@ func runIdemq(ctx context.Context, spec workerSpec) (workerResult, error) {
 		}
 	}
 	spec.Consumer.Apply(cfg)
+	if spec.Partitions > 0 {
+		cfg.Partitions, cfg.Ordering = spec.Partitions, &consumer.Ordering{}
+	}
 	cfg.Group.Size = spec.GroupSize
 	cfg.Group.Linger = spec.Linger
 	if v := os.Getenv("IDEMQ_BENCH_LINGER"); v != "" {
