@@ -86,16 +86,16 @@ SCALE_ARGS ?= --vacuum
 scale: up ## Retention at size: load 10 M keys (SCALE_KEYS), run a worker while GC retires as many, print a table per cycle (under 30 min)
 	$(GO) run ./cmd/idemq scale --keys $(SCALE_KEYS) --cycles $(SCALE_CYCLES) --cycle $(SCALE_CYCLE) --rate $(SCALE_RATE) $(SCALE_ARGS) $(ARGS)
 
-chaos: up ## Long soak (build tag chaos): 50,000 messages under faults; IDEMQ_CHAOS_MESSAGES=N to change
+chaos: up ## Long soaks (build tag chaos): 50,000 messages under faults, then 200 entities × 50 ordered events; IDEMQ_CHAOS_MESSAGES=N to change
 	$(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) ./integration/chaos/...
 
 # make cluster: the soak on a three-node RabbitMQ cluster and a Postgres
 # primary with a synchronous standby, made on this machine for the run and
 # removed after it, also when it fails or is interrupted (docs/operations.md,
 # Production topology).
-cluster: ## Soak on the production topology (3 RabbitMQ nodes, Postgres + sync standby) with node and primary failovers; creates and removes it (under 20 min)
+cluster: ## Soak on the production topology (3 RabbitMQ nodes, Postgres + sync standby) with node and primary failovers, unordered and ordered; creates and removes it (under 35 min)
 	@trap '$(MAKE) cluster-down' EXIT; \
-	$(GO) test -race -count=1 -timeout 19m -tags cluster -run '^(TestFailoverLosesOnlyAsynchronousReservations|TestSoakCluster)$$' -v $(TESTFLAGS) ./integration/chaos/
+	$(GO) test -race -count=1 -timeout 34m -tags cluster -run '^(TestFailoverLosesOnlyAsynchronousReservations|TestSoakCluster|TestSoakOrderedCluster)$$' -v $(TESTFLAGS) ./integration/chaos/
 
 cluster-up: ## Create the topology of make cluster and leave it running; prints IDEMQ_AMQP_URL and IDEMQ_POSTGRES_URL for it
 	@$(GO) test -count=1 -tags cluster -run '^TestClusterUp$$' -v ./integration/chaos/ | grep '^IDEMQ_'

@@ -61,9 +61,13 @@ type Ordering struct {
 	// DefaultGapTimeout; at most MaxGapTimeout. Make it longer than the
 	// retry tiers' delays, so that a retried predecessor is waited for.
 	GapTimeout time.Duration
-	// MaxWaiting bounds the messages waiting for a gap at once: they hold
-	// prefetch slots. Past it, the longest waiting one is dead-lettered
-	// sequence_gap. Default half the prefetch.
+	// MaxWaiting bounds the messages waiting for a gap at once in the
+	// consumer: they hold prefetch slots, and a full prefetch would keep
+	// out the very message they wait for. Past it, an early message waits
+	// in a retry tier instead (a copy, confirmed, then the ack; no attempt
+	// counts) and is looked at again when it comes back; its GapTimeout
+	// counts from the first time it was found early. Default half the
+	// prefetch.
 	MaxWaiting int
 }
 
@@ -87,6 +91,12 @@ type orderState struct {
 	expired bool
 	// applied: its sequence was applied already; nothing ran.
 	applied bool
+	// waitingSince is when it was first found early, carried by the copy
+	// that took it round a retry tier (zero: not found early before).
+	waitingSince time.Time
+	// circled: found early with the waiting room full, it went round a
+	// retry tier rather than wait in the gate.
+	circled bool
 	// gate is the session's, which learns how the delivery ended.
 	gate *orderGate
 }
@@ -128,11 +138,38 @@ func (c *Consumer) readOrdering(s *session, it *item) error {
 	}
 	if o.Key != "" {
 		it.order = &orderState{Ordering: o, gate: s.gate}
+		if since, ok := wire.String(it.d.Headers[wire.HeaderWaitingSince]); ok && it.verified {
+			it.order.waitingSince, _ = time.Parse(time.RFC3339Nano, since)
+		}
 		if s.gate != nil {
-			it.order.expired = s.gate.takeExpired(it.d.DeliveryTag)
+			it.order.expired = s.gate.takeExpired(it.d.DeliveryTag) ||
+				!it.order.waitingSince.IsZero() && time.Since(it.order.waitingSince) >= s.gate.timeout
 		}
 	}
 	return nil
+}
+
+// since is when the delivery started waiting for its predecessor: when it
+// was first found early, or now.
+func (o *orderState) since(now time.Time) time.Time {
+	if o.waitingSince.IsZero() {
+		return now
+	}
+	return o.waitingSince
+}
+
+// circle sends an early delivery round a retry tier, the waiting room being
+// full: a copy that carries when it was first found early, then the ack. No
+// attempt counts. The tier grows with the time it has waited.
+func (c *Consumer) circle(s *session, it *item, early *errEarly) {
+	now := time.Now()
+	since := it.order.since(now)
+	it.order.circled = true
+	it.ev.Outcome = OutcomeWaiting
+	it.ev.Err = early
+	headers := wire.RetryHeaders(it.attempt)
+	headers[wire.HeaderWaitingSince] = since.UTC().Format(time.RFC3339Nano)
+	c.publishThenAck(s, it, "", c.topo.tierAtLeast(now.Sub(since)/2), headers, "idemq wait publish")
 }
 
 // blockKey records that an ordered delivery with a sequence was
@@ -277,12 +314,17 @@ func (g *orderGate) done(it *item, outcome Outcome) {
 	var next *amqp.Delivery
 	switch outcome {
 	case OutcomeWaiting:
-		g.waiting++
-		k.early = append(k.early, waitingDelivery{d: *it.d, seq: o.Sequence, since: it.start})
+		if !o.circled {
+			g.waiting++
+			k.early = append(k.early, waitingDelivery{d: *it.d, seq: o.Sequence, since: o.since(it.start)})
+		}
 	case OutcomeRetried, OutcomeLeaseLost, OutcomeInProgress, OutcomeCopyFailed:
-		// It comes back (a retry tier, a requeue): its key's later
-		// deliveries wait for it.
-		if key := it.claim.Key; key != "" {
+		// It comes back (a retry tier, a requeue): without a sequence, its
+		// key's later deliveries wait for it. With one, they go on: each
+		// one's sequence says whether it runs, and an early one waits in
+		// the waiting room, which is bounded, rather than in the key's
+		// queue, which is not.
+		if key := it.claim.Key; key != "" && o.Sequence == 0 {
 			k.await, k.awaitSince = key, time.Now()
 		}
 	case OutcomeProcessed, OutcomeRejected:
@@ -314,7 +356,7 @@ func (g *orderGate) done(it *item, outcome Outcome) {
 }
 
 // full reports whether the waiting room is full: a delivery found early
-// now goes to the DLQ rather than wait.
+// now waits in a retry tier rather than here.
 func (g *orderGate) full() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -379,3 +379,65 @@ func TestPartitionedTopology(t *testing.T) {
 		t.Error("a partitioned queue with bindings was accepted")
 	}
 }
+
+// waitOutcomes waits until at least n events of outcome o were seen.
+func (b *orderBench) waitOutcomes(o consumer.Outcome, n int, timeout time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for b.outcomes()[o] < n {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%d events %s after %s, want %d; outcomes %v", b.outcomes()[o], o, timeout, n, b.outcomes())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the recorded events: nothing to wait on
+	}
+}
+
+// TestOrderedFullWaitingRoomWaitsInATier: with room for one early message
+// (MaxWaiting 1), six keys' second events come before their first. One
+// waits in the consumer; the others, rather than hold the prefetch (which
+// would keep out the first events they wait for) or go to the DLQ, go
+// round a retry tier until their predecessors arrive. Every key applies
+// 1, 2 and nothing is dead-lettered. A message that goes round longer
+// than GapTimeout, counted from the first time it was found early, is
+// dead-lettered sequence_gap like one that waited in the consumer.
+func TestOrderedFullWaitingRoomWaitsInATier(t *testing.T) {
+	const keys = 6
+	b := newOrderBench(t, 1, func(c *consumer.Config) {
+		c.Ordering = &consumer.Ordering{GapTimeout: 3 * time.Second, MaxWaiting: 1}
+	})
+	b.run(1, b.apply(nil))
+	for k := range keys {
+		b.publish(fmt.Sprintf("k%d", k), 2, fmt.Sprintf("k%d/2", k))
+	}
+	// Each second event was found early at least once; most went round.
+	b.waitOutcomes(consumer.OutcomeWaiting, 2*keys, 10*time.Second)
+	for k := range keys {
+		b.publish(fmt.Sprintf("k%d", k), 1, fmt.Sprintf("k%d/1", k))
+	}
+	b.waitApplied(2*keys, 20*time.Second)
+	seqs, _ := b.ledger()
+	for k := range keys {
+		if key := fmt.Sprintf("k%d", k); !slices.Equal(seqs[key], []int64{1, 2}) {
+			t.Errorf("%s applied %v, want 1 2", key, seqs[key])
+		}
+	}
+	if got := b.outcomes(); got[consumer.OutcomeDeadLettered] > 0 {
+		t.Fatalf("dead letters while the waiting room was full: %v", got)
+	}
+
+	// Two gaps that never fill: one waits in the consumer, one goes
+	// round; both reach the DLQ once GapTimeout has passed.
+	start := time.Now()
+	b.publish("x", 2, "x/2")
+	b.publish("y", 2, "y/2")
+	dlq := consumer.NewTopology(b.cfg.TopologyConfig()).Partitions[0].DLQ
+	letters := waitLetters(t, b.pub, dlq, 2, 30*time.Second)
+	for _, l := range letters {
+		if reason, _ := l.Headers[consumer.HeaderReason].(string); reason != consumer.ReasonSequenceGap {
+			t.Errorf("dead letter %s: reason %q, want %s", l.MessageId, reason, consumer.ReasonSequenceGap)
+		}
+	}
+	if took := time.Since(start); took < 3*time.Second {
+		t.Errorf("the gaps were dead-lettered after %s, before GapTimeout (3s)", took)
+	}
+}

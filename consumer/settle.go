@@ -66,9 +66,8 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 			it.ev.Outcome = OutcomeWaiting
 			return
 		}
-		herr = fmt.Errorf("%w: too many messages wait for a gap (Ordering.MaxWaiting): %w", errGap, early)
-		c.logFailure("ordered message dead-lettered", it, herr)
-		c.deadLetter(s, it, ReasonSequenceGap, herr)
+		// The waiting room is full: it waits in a retry tier.
+		c.circle(s, it, early)
 		return
 	}
 	if errors.Is(herr, errGap) {

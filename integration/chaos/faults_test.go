@@ -12,7 +12,11 @@ import (
 
 // The fault kinds, in the order of the report.
 const (
-	faultWorkerKill   = "worker_sigkill"
+	faultWorkerKill = "worker_sigkill"
+	// faultActiveKill kills the worker that is the single active consumer
+	// of a partition (an ordered soak): the broker hands the partition to
+	// a standby.
+	faultActiveKill   = "active_consumer_sigkill"
 	faultCloseAll     = "amqp_close_all_connections"
 	faultBrokerStop   = "broker_stop_app"
 	faultPGTerminate  = "pg_terminate_backend"
@@ -166,8 +170,15 @@ func (s *soak) pause(ctx context.Context, d time.Duration) {
 func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 	restoreCtx := context.WithoutCancel(ctx)
 	switch kind {
-	case faultWorkerKill:
+	case faultWorkerKill, faultActiveKill:
 		i := s.rng.IntN(s.o.Workers)
+		var active string
+		if kind == faultActiveKill {
+			var err error
+			if i, active, err = s.activeWorker(ctx); err != nil {
+				return "", err
+			}
+		}
 		s.mu.Lock()
 		w := s.workers[i]
 		s.mu.Unlock()
@@ -182,7 +193,7 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 		s.mu.Lock()
 		s.restarts++
 		s.mu.Unlock()
-		return fmt.Sprintf("worker %d (pid %d) killed, restarted %.1fs later", i, w.cmd.Process.Pid, down.Seconds()), nil
+		return fmt.Sprintf("worker %d (pid %d)%s killed, restarted %.1fs later", i, w.cmd.Process.Pid, active, down.Seconds()), nil
 
 	case faultCloseAll:
 		return "rabbitmqctl close_all_connections", s.svc.brokerCloseAll(ctx)
@@ -257,10 +268,10 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 		return s.deleteDLQ(ctx)
 
 	case faultRabbitLeaderDown:
-		return s.svc.cluster.killLeader(restoreCtx, s.topo.Queue)
+		return s.svc.cluster.killLeader(restoreCtx, s.insp.work[0])
 
 	case faultRabbitNodeBack:
-		return s.svc.cluster.nodeBack(restoreCtx, s.topo.Queue)
+		return s.svc.cluster.nodeBack(restoreCtx, s.insp.work[0])
 
 	case faultPGFailover:
 		return s.svc.cluster.failover(restoreCtx, s.hold(1, 3))

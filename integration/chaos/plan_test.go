@@ -105,6 +105,11 @@ type op struct {
 	// the tracestate header (0: none): they size the header frame of the
 	// frame_max kinds.
 	HeaderPad, TraceState int
+	// OrderingKey and Sequence are an ordered plan's (ordered_test.go):
+	// the entity the op belongs to and its place among the entity's ops,
+	// published as x-ordering-key and x-sequence.
+	OrderingKey string
+	Sequence    int
 }
 
 // processed reports whether the op must end processed: completed ok, one
@@ -324,6 +329,7 @@ func body(rng *rand.Rand, o op) []byte {
 	b, _ := json.Marshal(payload{
 		Op: o.Index, Tenant: o.Tenant, Key: o.Key, Kind: o.Kind, FailFirst: o.FailFirst,
 		Amount: 1 + rng.Int64N(100000), Pad: strings.Repeat("p", rng.IntN(400)),
+		OrderingKey: o.OrderingKey, Sequence: o.Sequence,
 	})
 	return b
 }

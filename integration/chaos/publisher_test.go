@@ -11,6 +11,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/amqpdial"
 )
 
@@ -24,9 +25,11 @@ const confirmWindow = 256
 // publisher's retry would.
 type publisher struct {
 	addrs amqpdial.Addrs
-	queue string
-	plan  *plan
-	rate  float64
+	// exchange and routingKey are where the messages go: the work queue
+	// through the default exchange, or a partitioned queue's Q.order.
+	exchange, routingKey string
+	plan                 *plan
+	rate                 float64
 
 	conn *amqp.Connection
 	ch   *amqp.Channel
@@ -36,8 +39,8 @@ type publisher struct {
 	finished                                     atomic.Bool
 }
 
-func newPublisher(addrs amqpdial.Addrs, queue string, p *plan, rate float64) *publisher {
-	return &publisher{addrs: addrs, queue: queue, plan: p, rate: rate}
+func newPublisher(addrs amqpdial.Addrs, exchange, routingKey string, p *plan, rate float64) *publisher {
+	return &publisher{addrs: addrs, exchange: exchange, routingKey: routingKey, plan: p, rate: rate}
 }
 
 // message is the publishing of one copy of op o.
@@ -60,6 +63,10 @@ func (o op) message() amqp.Publishing {
 	}
 	if o.HeaderPad > 0 {
 		h["x-chaos-pad"] = strings.Repeat("p", o.HeaderPad)
+	}
+	if o.OrderingKey != "" {
+		h[consumer.HeaderOrderingKey] = o.OrderingKey
+		h[consumer.HeaderSequence] = int64(o.Sequence)
 	}
 	return msg
 }
@@ -146,7 +153,7 @@ func (p *publisher) tryBatch(ctx context.Context, ops []op, again bool) error {
 	}
 	confs := make([]*amqp.DeferredConfirmation, 0, len(ops))
 	for _, o := range ops {
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.queue, true, false, o.message())
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, true, false, o.message())
 		if err != nil {
 			return err
 		}
@@ -190,7 +197,7 @@ func (p *publisher) tryBurst(ctx context.Context, o op, copies int, again bool) 
 	for i := range copies {
 		wg.Go(func() {
 			<-release
-			confs[i], errs[i] = ch.PublishWithDeferredConfirmWithContext(ctx, "", p.queue, true, false, o.message())
+			confs[i], errs[i] = ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, true, false, o.message())
 		})
 	}
 	close(release)

@@ -71,6 +71,8 @@ type report struct {
 	Faults []faultRecord
 	// Topology describes the cluster of a cluster run ("" otherwise).
 	Topology string
+	// Ordered is what an ordered soak found (nil for the others).
+	Ordered *orderedFindings
 
 	Settled    bool
 	PublishErr error
@@ -79,11 +81,11 @@ type report struct {
 
 type scoped struct{ tenant, key string }
 
-// verify checks the invariant: each op ended as its kind says (processed
-// with exactly one effect and one forwarded message, rejected, or
-// dead-lettered), nothing doubled, nothing left.
-func (s *soak) verify(ctx context.Context) *report {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+// newReport starts the report of a run with what every soak reports: the
+// run, the publisher, the faults, the problems seen while running, the
+// workers' logs and outcome counters.
+func (s *soak) newReport() *report {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := &report{
 		RunID: s.runID, Services: s.svc.mode, Seed: s.o.Seed, Started: s.started, Elapsed: time.Since(s.started),
@@ -111,7 +113,6 @@ func (s *soak) verify(ctx context.Context) *report {
 	for _, f := range s.faults {
 		r.Faults = append(r.Faults, *f)
 	}
-	moved := slices.Clone(s.moved)
 	r.Moved, r.QueuesDeleted, r.Taken = len(s.moved), s.deleted, s.taken
 	s.faultMu.Unlock()
 	if r.Returned > 0 {
@@ -120,7 +121,31 @@ func (s *soak) verify(ctx context.Context) *report {
 	for _, p := range s.scanLogs() {
 		fail("%s", p)
 	}
+	sch := pgx.Identifier{s.schema}.Sanitize()
+	rows, err := s.pool.Query(ctx, `SELECT outcome, sum(n) FROM `+sch+`.stats GROUP BY outcome`)
+	if err == nil {
+		for rows.Next() {
+			var o string
+			var n int64
+			if rows.Scan(&o, &n) == nil {
+				r.Outcomes[o] = n
+			}
+		}
+	}
+	return r
+}
 
+// verify checks the invariant: each op ended as its kind says (processed
+// with exactly one effect and one forwarded message, rejected, or
+// dead-lettered), nothing doubled, nothing left.
+func (s *soak) verify(ctx context.Context) *report {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	r := s.newReport()
+	fail := func(format string, args ...any) { r.Failures = append(r.Failures, fmt.Sprintf(format, args...)) }
+	s.faultMu.Lock()
+	moved := slices.Clone(s.moved)
+	s.faultMu.Unlock()
 	ops := map[scoped]*op{}
 	for i := range s.plan.Ops {
 		o := &s.plan.Ops[i]
@@ -382,17 +407,6 @@ UNION ALL SELECT message_id, routing_key, published_at IS NOT NULL, parked_at IS
 	}
 	r.WorkLeft, r.RetryLeft = st.Work, st.Retrying
 
-	rows, err = s.pool.Query(ctx, `SELECT outcome, sum(n) FROM `+sch+`.stats GROUP BY outcome`)
-	if err == nil {
-		for rows.Next() {
-			var o string
-			var n int64
-			if rows.Scan(&o, &n) == nil {
-				r.Outcomes[o] = n
-			}
-		}
-	}
-
 	if r.Lost > 0 {
 		fail("%d ops LOST or wrongly settled, e.g. %s", r.Lost, strings.Join(lostExamples, "; "))
 	}
@@ -465,28 +479,34 @@ func (r *report) String() string {
 	if r.Topology != "" {
 		p("  topology     %s", r.Topology)
 	}
-	p("  messages     %d planned: %d ops (%d ok, %d reject, %d poison, %d twins, %d near and %d at frame_max), %d duplicates (%d bursts of %d), %d flaky ops, %d keys shared by two tenants, %d keys in the header",
-		r.Planned, r.Ops, r.ByKind[kindOK], r.ByKind[kindReject], r.ByKind[kindPoison]+r.ByKind[kindPoisonJSON],
-		r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.ByKind[kindNearFrameMax], r.ByKind[kindAtFrameMax],
-		r.Duplicates, r.Bursts, burstSize, r.Flaky, r.SharedKeys, r.HeaderKeys)
-	p("  published    %d confirmed (%d sent again after a broker fault, %d publisher reconnects, %d returned)",
-		r.Confirmed, r.Republished, r.PublisherReconnects, r.Returned)
-	p("  ops          %d processed, %d rejected, %d dead-lettered, %d LOST", r.Processed, r.Rejected, r.DeadLetteredKeys, r.Lost)
-	p("  effects      %d ledger rows for %d processed ops: %d keys DOUBLED, %d stray", r.Effects, r.Processed, r.DoubledKeys, r.StrayEffects)
-	p("  keys         %d reservations for %d ops (takeovers and retries), %d in progress under a lease, %d released (dead-lettered)",
-		r.Reservations, r.Ops, r.Leased, r.Released)
-	p("  outbox       %d rows (%d expected), %d pending, %d parked (+%d unroutable twins), %d marked published but never arrived, %d routable booked returned",
-		r.OutboxRows, r.OutboxWant, r.OutboxPending, r.OutboxParked, r.ParkedVoid, r.MarkedUnarrived, r.RoutableReturned)
-	p("  forwarded    %d messages, %d distinct message_ids (%d extra copies, same id), %d missing, %d foreign, %d corrupt",
-		r.Forwarded, r.ForwardedIDs, r.ForwardCopies, r.ForwardMissing, r.ForwardForeign, r.ForwardCorrupt)
-	p("  twins        %d ops with two rows of one message_id: %d routable twins arrived (%d extra copies), %d missing, %d foreign; %d unroutable twins kept pending, then parked (%d returns in all), %d not parked",
-		r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.TwinArrived, r.TwinCopies, r.TwinMissing, r.TwinForeign,
-		r.ParkedVoid, r.VoidReturns, r.VoidNotParked)
-	p("  frame_max    %d bytes: %d ops %d bytes under it processed from a trimmed retry copy (%d not trimmed), %d ops at it (%d bytes under) dead-lettered %s",
-		r.FrameMax, r.Trimmed, nearFrameMaxMargin, r.NotTrimmed, r.TooLarge, atFrameMaxMargin, consumer.ReasonHeadersTooLarge)
-	p("  DLQ          %d messages (%d read out before a DLQ deletion), %d keys (%d extra copies), by reason %v; %d dead-letter ops missing, %d unexpected",
-		r.DLQMessages, r.Moved, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
-	p("  queues       %d left in the work queue, %d in the retry tiers", r.WorkLeft, r.RetryLeft)
+	if r.Ordered != nil {
+		p("  messages     %d planned: %d events (%d entities × %d), %d duplicates (%d bursts of %d), %d flaky events, %d keys in the header",
+			r.Planned, r.Ops, r.Ordered.Keys, r.Ordered.Events, r.Duplicates, r.Bursts, burstSize, r.Flaky, r.HeaderKeys)
+		p("  published    %d confirmed (%d sent again after a broker fault, %d publisher reconnects, %d returned)",
+			r.Confirmed, r.Republished, r.PublisherReconnects, r.Returned)
+		r.Ordered.lines(p)
+	} else {
+		p("  messages     %d planned: %d ops (%d ok, %d reject, %d poison, %d twins, %d near and %d at frame_max), %d duplicates (%d bursts of %d), %d flaky ops, %d keys shared by two tenants, %d keys in the header",
+			r.Planned, r.Ops, r.ByKind[kindOK], r.ByKind[kindReject], r.ByKind[kindPoison]+r.ByKind[kindPoisonJSON],
+			r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.ByKind[kindNearFrameMax], r.ByKind[kindAtFrameMax],
+			r.Duplicates, r.Bursts, burstSize, r.Flaky, r.SharedKeys, r.HeaderKeys)
+		p("  ops          %d processed, %d rejected, %d dead-lettered, %d LOST", r.Processed, r.Rejected, r.DeadLetteredKeys, r.Lost)
+		p("  effects      %d ledger rows for %d processed ops: %d keys DOUBLED, %d stray", r.Effects, r.Processed, r.DoubledKeys, r.StrayEffects)
+		p("  keys         %d reservations for %d ops (takeovers and retries), %d in progress under a lease, %d released (dead-lettered)",
+			r.Reservations, r.Ops, r.Leased, r.Released)
+		p("  outbox       %d rows (%d expected), %d pending, %d parked (+%d unroutable twins), %d marked published but never arrived, %d routable booked returned",
+			r.OutboxRows, r.OutboxWant, r.OutboxPending, r.OutboxParked, r.ParkedVoid, r.MarkedUnarrived, r.RoutableReturned)
+		p("  forwarded    %d messages, %d distinct message_ids (%d extra copies, same id), %d missing, %d foreign, %d corrupt",
+			r.Forwarded, r.ForwardedIDs, r.ForwardCopies, r.ForwardMissing, r.ForwardForeign, r.ForwardCorrupt)
+		p("  twins        %d ops with two rows of one message_id: %d routable twins arrived (%d extra copies), %d missing, %d foreign; %d unroutable twins kept pending, then parked (%d returns in all), %d not parked",
+			r.ByKind[kindTwin]+r.ByKind[kindTwinVoid], r.TwinArrived, r.TwinCopies, r.TwinMissing, r.TwinForeign,
+			r.ParkedVoid, r.VoidReturns, r.VoidNotParked)
+		p("  frame_max    %d bytes: %d ops %d bytes under it processed from a trimmed retry copy (%d not trimmed), %d ops at it (%d bytes under) dead-lettered %s",
+			r.FrameMax, r.Trimmed, nearFrameMaxMargin, r.NotTrimmed, r.TooLarge, atFrameMaxMargin, consumer.ReasonHeadersTooLarge)
+		p("  DLQ          %d messages (%d read out before a DLQ deletion), %d keys (%d extra copies), by reason %v; %d dead-letter ops missing, %d unexpected",
+			r.DLQMessages, r.Moved, r.DLQKeys, r.DLQCopies, sortedMap(r.DLQByReason), r.DLQMissing, r.DLQUnexpected)
+		p("  queues       %d left in the work queue, %d in the retry tiers", r.WorkLeft, r.RetryLeft)
+	}
 	p("  outcomes     %s (workers' counters, best effort)", sortedMap(r.Outcomes))
 	var copyFailed int64
 	for o, n := range r.Outcomes {

@@ -376,12 +376,14 @@ func (n *rabbitNode) env() []string {
 }
 
 // prepare writes a private node's configuration: its own port, data and
-// logs, no plugins (so no management listener to clash with another node).
+// logs, and one plugin, the consistent-hash exchange of partitioned queues
+// (it listens on nothing; the management plugin's listener would clash
+// with another node's).
 func (n *rabbitNode) prepare() error {
 	files := map[string]string{
 		"rabbitmq.conf":     fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", n.amqpPort),
 		"rabbitmq-env.conf": "ERL_EPMD_ADDRESS=127.0.0.1\nexport ERL_FLAGS=\"-kernel inet_dist_use_interface {127,0,0,1}\"\n",
-		"enabled_plugins":   "[].\n",
+		"enabled_plugins":   "[rabbitmq_consistent_hash_exchange].\n",
 	}
 	for _, dir := range []string{n.base, filepath.Join(n.base, "mnesia"), filepath.Join(n.base, "log")} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {

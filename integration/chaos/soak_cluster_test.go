@@ -38,6 +38,28 @@ func TestSoakCluster(t *testing.T) {
 	})
 }
 
+// TestSoakOrderedCluster is the ordered soak (ordered_test.go) on the
+// production topology: 60 entities × 30 events over 4 partitions while
+// the node leading partition 0 is lost and brought back and Postgres fails
+// over, twice each; per entity every event takes effect once, in order.
+func TestSoakOrderedCluster(t *testing.T) {
+	runSoak(t, soakOptions{
+		Ordered:      &orderedShape{Keys: intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 60), Events: intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 30), Partitions: 4},
+		Workers:      3,
+		Concurrency:  4,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 25)),
+		FaultGap:     [2]time.Duration{8 * time.Second, 15 * time.Second},
+		EveryKind:    true,
+		Rounds:       2,
+		Kinds:        append([]string{faultActiveKill}, clusterFaultKinds...),
+		Timeout:      12 * time.Minute,
+		StallTimeout: 3 * time.Minute,
+		LeaseMS:      5000,
+		Cluster:      true,
+	})
+}
+
 // TestClusterUp creates the cluster topology and leaves it running (make
 // cluster-up), to point idemq at by hand; TestClusterDown removes it.
 func TestClusterUp(t *testing.T) {

@@ -41,3 +41,30 @@ func TestSoak(t *testing.T) {
 		LeaseMS:      5000,
 	})
 }
+
+// TestSoakOrdered is the long ordered soak (make chaos, ordered_test.go):
+// 200 entities × 50 events over 4 partitions, through four workers, while
+// the active consumer of a partition is killed, the broker and Postgres
+// are restarted and the network fails, at random intervals until every
+// event took effect. IDEMQ_CHAOS_ORDERED_KEYS and IDEMQ_CHAOS_ORDERED_EVENTS
+// change the size.
+func TestSoakOrdered(t *testing.T) {
+	runSoak(t, soakOptions{
+		Ordered: &orderedShape{
+			Keys:       intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 200),
+			Events:     intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 50),
+			Partitions: 4,
+		},
+		Workers:      4,
+		Concurrency:  8,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  float64(intEnv(t, "IDEMQ_CHAOS_PUBLISH_RATE", 40)),
+		FaultGap:     [2]time.Duration{5 * time.Second, 15 * time.Second},
+		EveryKind:    true,
+		Rounds:       2,
+		Kinds:        orderedFaultKinds,
+		Timeout:      30 * time.Minute,
+		StallTimeout: 4 * time.Minute,
+		LeaseMS:      5000,
+	})
+}

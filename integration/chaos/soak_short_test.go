@@ -25,3 +25,24 @@ func TestSoakShort(t *testing.T) {
 		LeaseMS:      4000,
 	})
 }
+
+// TestSoakOrderedShort is the ordered soak in brief (ordered_test.go), part
+// of every go test ./...: 24 entities × 25 events over 4 partitions while
+// the active consumer of a partition is killed and every other kind of
+// fault but the queue deletions is injected once. The long one is
+// TestSoakOrdered (make chaos).
+func TestSoakOrderedShort(t *testing.T) {
+	runSoak(t, soakOptions{
+		Ordered:      &orderedShape{Keys: 24, Events: 25, Partitions: 4},
+		Workers:      3,
+		Concurrency:  4,
+		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		PublishRate:  12,
+		FaultGap:     [2]time.Duration{time.Second, 3 * time.Second},
+		EveryKind:    true,
+		Kinds:        orderedFaultKinds,
+		Timeout:      8 * time.Minute,
+		StallTimeout: 2 * time.Minute,
+		LeaseMS:      4000,
+	})
+}

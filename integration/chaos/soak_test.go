@@ -53,6 +53,10 @@ type soakOptions struct {
 	// each one is injected Rounds times (at least once) before the draws.
 	Kinds  []string
 	Rounds int
+	// Ordered makes the soak ordered (ordered_test.go): entities whose
+	// events must take effect once each and in order, published to a
+	// partitioned queue, consumed with ordering on. Messages is unused then.
+	Ordered *orderedShape
 }
 
 // consumerName is the scope of the soak's keys.
@@ -111,7 +115,13 @@ func runSoak(t *testing.T, o soakOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 	defer cancel()
 
-	s.plan = buildPlan(o.Messages, o.Seed, frameMax)
+	if o.Ordered != nil {
+		s.plan = buildOrderedPlan(*o.Ordered, o.Seed)
+		t.Logf("ordered soak %s: %d entities × %d events over %d partitions, %d messages (%d duplicates, %d bursts of %d, %d flaky events)",
+			s.runID, o.Ordered.Keys, o.Ordered.Events, o.Ordered.Partitions, s.plan.Total, s.plan.Duplicates, s.plan.Bursts, burstSize, s.plan.Flaky)
+	} else {
+		s.plan = buildPlan(o.Messages, o.Seed, frameMax)
+	}
 	t.Logf("soak %s: seed %d, %d messages (%d ops, %d duplicates, %d bursts of %d), frame_max %d, %d workers × %d, services %s, logs in %s",
 		s.runID, o.Seed, s.plan.Total, len(s.plan.Ops), s.plan.Duplicates, s.plan.Bursts, burstSize,
 		frameMax, o.Workers, o.Concurrency, s.svc.mode, s.logDir)
@@ -119,7 +129,11 @@ func runSoak(t *testing.T, o soakOptions) {
 	for i := range o.Workers {
 		s.startWorker(i)
 	}
-	s.pub = newPublisher(s.svc.amqpAddrs(t), s.queue, &s.plan, o.PublishRate)
+	exchange, routingKey := "", s.queue
+	if o.Ordered != nil {
+		exchange, routingKey = s.topo.OrderExchange, ""
+	}
+	s.pub = newPublisher(s.svc.amqpAddrs(t), exchange, routingKey, &s.plan, o.PublishRate)
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- s.pub.run(ctx) }()
 	monCtx, monStop := context.WithCancel(ctx)
@@ -148,7 +162,12 @@ func runSoak(t *testing.T, o soakOptions) {
 		}
 	}
 
-	rep := s.verify(ctx)
+	var rep *report
+	if o.Ordered != nil {
+		rep = s.verifyOrdered(ctx)
+	} else {
+		rep = s.verify(ctx)
+	}
 	rep.Settled = settled
 	rep.PublishErr = pubErr
 	if !settled {
@@ -259,7 +278,9 @@ func (s *soak) setup() (frameMax int) {
 -- The effect: one row per processed message. No unique constraint: the key
 -- store is what must prevent a double, and the soak counts any.
 -- trimmed: a near_frame_max op processed from a copy that dropped its tracestate.
+-- n: the order the effects were written in (an ordered soak checks it).
 CREATE TABLE `+sch+`.ledger (
+    n bigint GENERATED ALWAYS AS IDENTITY,
     tenant text NOT NULL, key text NOT NULL, op integer NOT NULL,
     worker integer NOT NULL, attempt integer NOT NULL, trimmed boolean NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -297,6 +318,9 @@ CREATE TABLE `+sch+`.stats (
 		LeaseMS:     s.o.LeaseMS,
 		MaxAttempts: 12,
 	}
+	if s.o.Ordered != nil {
+		s.workerT.Partitions = s.o.Ordered.Partitions
+	}
 	ccfg := s.workerT.consumerConfig()
 	ccfg.URL = s.svc.amqpURL
 	ccfg.ConnectionName = "idemq-chaos-" + s.runID + "-setup"
@@ -311,9 +335,11 @@ CREATE TABLE `+sch+`.stats (
 	if frameMax, err = s.insp.declareOutput(s.outX, s.outQ, s.twinQ); err != nil {
 		t.Fatal(err)
 	}
+	queues, exchanges := s.topo.Names()
+	queues = append(queues, s.outQ, s.twinQ)
+	exchanges = append(exchanges, s.outX)
 	if s.o.Cluster {
 		// Every queue the soak counts on lives on the three nodes.
-		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ, s.twinQ}, s.tierNames()...)
 		if err := s.svc.cluster.checkReplicas(ctx, queues); err != nil {
 			t.Fatalf("cluster: %v", err)
 		}
@@ -323,20 +349,11 @@ CREATE TABLE `+sch+`.stats (
 		if t.Failed() {
 			return // keep the queues for a look
 		}
-		queues := append([]string{s.topo.Queue, s.topo.DLQ, s.outQ, s.twinQ}, s.tierNames()...)
-		if err := s.insp.deleteAll(queues, []string{s.topo.DLX, s.outX}); err != nil {
+		if err := s.insp.deleteAll(queues, exchanges); err != nil {
 			t.Logf("soak: delete queues: %v", err)
 		}
 	})
 	return frameMax
-}
-
-func (s *soak) tierNames() []string {
-	var out []string
-	for _, d := range s.topo.Delays {
-		out = append(out, s.topo.TierName(d))
-	}
-	return out
 }
 
 // workerPrefix is the start of every worker's application_name and
@@ -352,14 +369,18 @@ func (s *soak) startWorker(i int) {
 	wc := s.workerT
 	wc.Index = i
 	wc.AppName = fmt.Sprintf("%s%d", s.workerPrefix(), i)
-	switch i % 4 {
-	case 0:
+	switch {
+	case s.o.Ordered != nil:
+		// Ordering takes no batch handler: the ordered soak's workers
+		// take turns among the other three.
+		wc.GroupSize, wc.Optimistic = []int{1, 8, 8}[i%3], i%3 == 2
+	case i%4 == 0:
 		wc.GroupSize = 1
-	case 1:
+	case i%4 == 1:
 		wc.GroupSize = 8
-	case 2:
+	case i%4 == 2:
 		wc.GroupSize, wc.Batch = 16, true
-	case 3:
+	case i%4 == 3:
 		wc.GroupSize, wc.Optimistic = 8, true
 	}
 	for len(s.workers) <= i {
@@ -666,7 +687,9 @@ type inspector struct {
 	mu    sync.Mutex
 	conn  *amqp.Connection
 	ch    *amqp.Channel
-	tiers []string
+	// work, tiers and dlqs are the work queues, retry tiers and DLQs: the
+	// topology's own, or each partition's of a partitioned one.
+	work, tiers, dlqs []string
 }
 
 // queueState is a snapshot of the soak's queues (ready messages).
@@ -676,8 +699,15 @@ type queueState struct {
 
 func newInspector(addrs amqpdial.Addrs, topo consumer.Topology, outQ, twinQ string) *inspector {
 	in := &inspector{addrs: addrs, topo: topo, outQ: outQ, twinQ: twinQ}
-	for _, d := range topo.Delays {
-		in.tiers = append(in.tiers, topo.TierName(d))
+	parts := topo.Partitions
+	if len(parts) == 0 {
+		parts = []consumer.Topology{topo}
+	}
+	for _, p := range parts {
+		in.work, in.dlqs = append(in.work, p.Queue), append(in.dlqs, p.DLQ)
+		for _, d := range p.Delays {
+			in.tiers = append(in.tiers, p.TierName(d))
+		}
 	}
 	return in
 }
@@ -725,17 +755,24 @@ func (in *inspector) state() (queueState, error) {
 	if err != nil {
 		return st, err
 	}
-	if st.Work, err = in.depth(ch, in.topo.Queue); err != nil {
+	sum := func(names []string) (int, error) {
+		total := 0
+		for _, name := range names {
+			n, err := in.depth(ch, name)
+			if err != nil {
+				return 0, err
+			}
+			total += n
+		}
+		return total, nil
+	}
+	if st.Work, err = sum(in.work); err != nil {
 		return st, err
 	}
-	for _, name := range in.tiers {
-		n, err := in.depth(ch, name)
-		if err != nil {
-			return st, err
-		}
-		st.Retrying += n
+	if st.Retrying, err = sum(in.tiers); err != nil {
+		return st, err
 	}
-	if st.DLQ, err = in.depth(ch, in.topo.DLQ); err != nil {
+	if st.DLQ, err = sum(in.dlqs); err != nil {
 		return st, err
 	}
 	if st.Output, err = in.depth(ch, in.outQ); err != nil {

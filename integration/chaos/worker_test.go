@@ -51,11 +51,14 @@ type workerConfig struct {
 	Batch       bool `json:"batch"`
 	LeaseMS     int  `json:"lease_ms"`
 	MaxAttempts int  `json:"max_attempts"`
+	// Partitions, when positive, consumes the partitions of a partitioned
+	// queue with ordering on (an ordered soak).
+	Partitions int `json:"partitions"`
 }
 
 // consumerConfig is the configuration every worker of the soak shares.
 func (wc workerConfig) consumerConfig() consumer.Config {
-	return consumer.Config{
+	cfg := consumer.Config{
 		URL:             wc.AMQPURL,
 		Queue:           wc.Queue,
 		Name:            wc.Name,
@@ -71,6 +74,10 @@ func (wc workerConfig) consumerConfig() consumer.Config {
 		RetryMax:        8 * time.Second,
 		ConnectionName:  wc.AppName,
 	}
+	if wc.Partitions > 0 {
+		cfg.Partitions, cfg.Ordering = wc.Partitions, &consumer.Ordering{}
+	}
+	return cfg
 }
 
 // runWorker is a worker process's life: a consumer and an outbox relay
@@ -172,6 +179,9 @@ type payload struct {
 	FailFirst int    `json:"fail_first,omitempty"`
 	Amount    int64  `json:"amount"`
 	Pad       string `json:"pad,omitempty"`
+	// OrderingKey and Sequence are an ordered op's (ordered_test.go).
+	OrderingKey string `json:"ordering_key,omitempty"`
+	Sequence    int    `json:"sequence,omitempty"`
 }
 
 // soakHandler writes one ledger row per processed message and forwards the
@@ -214,12 +224,15 @@ func (h *soakHandler) handle(ctx context.Context, tx pgx.Tx, d *consumer.Deliver
 	}
 	// No MessageID: the outbox derives it from the claim (consumer, tenant,
 	// key), the same on every retry; the soak checks it on the output queue.
+	// An ordered op is forwarded with its entity as the ordering key: the
+	// relays publish each entity's rows in commit order, numbered again.
 	msg := outbox.Message{
 		Exchange:    h.out,
 		RoutingKey:  routeForwarded,
 		Body:        d.Body,
 		ContentType: "application/json",
 		Headers:     amqp.Table{"x-chaos-op": int64(p.Op), "x-tenant-id": d.Tenant},
+		OrderingKey: p.OrderingKey,
 	}
 	// Twins: two rows, one explicit message_id, two routes, one of them
 	// unroutable for twin_void.

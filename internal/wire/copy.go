@@ -27,6 +27,7 @@ func Copy(d *amqp.Delivery, now time.Time, extra amqp.Table, keys Keys) amqp.Pub
 	if _, ok := h[HeaderFirstSeen]; !ok {
 		h[HeaderFirstSeen] = now.UTC().Format(time.RFC3339Nano)
 	}
+	delete(h, HeaderWaitingSince) // only the copy of a waiting message has it
 	maps.Copy(h, extra)
 	keys.Sign(h, d.MessageId, d.Body, now)
 	return publishing(d, h)

@@ -35,6 +35,12 @@ const (
 	HeaderOutcome        = Prefix + "outcome"
 	HeaderResponseCode   = Prefix + "response-code"
 	HeaderResponseReason = Prefix + "response-reason"
+	// HeaderWaitingSince is when an ordered message was first found early
+	// (RFC 3339), on the copy that sends it round a retry tier while the
+	// waiting room is full: its gap timeout counts from then. Not signed,
+	// and read only from a signed copy (the others lose their x-idemq-*);
+	// no other copy keeps it.
+	HeaderWaitingSince = Prefix + "waiting-since"
 	// HeaderSignature proves that idemq wrote the signed headers for the
 	// queue and consumer that read them (Keys.For): "v2." and the unpadded
 	// base64url HMAC-SHA256.
