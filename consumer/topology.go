@@ -257,13 +257,13 @@ func NewTopology(cfg TopologyConfig) Topology {
 	return Topology{
 		OrderExchange:        c.partitionOf,
 		SingleActiveConsumer: c.partitionOf != "",
-		Queue:         c.Queue,
-		DLX:           c.Queue + ".dlx",
-		DLQ:           c.Queue + ".dlq",
-		Delays:        retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
-		ClassicQueues: c.ClassicQueues,
-		DeliveryLimit: c.DeliveryLimit,
-		Bindings:      c.Bindings,
+		Queue:                c.Queue,
+		DLX:                  c.Queue + ".dlx",
+		DLQ:                  c.Queue + ".dlq",
+		Delays:               retryDelays(c.RetryInitial, c.RetryMultiplier, c.RetryMax, c.MaxAttempts),
+		ClassicQueues:        c.ClassicQueues,
+		DeliveryLimit:        c.DeliveryLimit,
+		Bindings:             c.Bindings,
 
 		QuorumInitialGroupSize: c.QuorumInitialGroupSize,
 	}
