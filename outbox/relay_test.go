@@ -407,15 +407,16 @@ func TestRelayConfirmTimeout(t *testing.T) {
 			continue
 		}
 		// Every row whose confirm did not come in time is kept for later,
-		// and the relay takes a fresh channel.
-		waitFor(t, 30*time.Second, "a fresh channel", func() bool {
-			s, _ := r.Stats(ctx)
-			return s.Reconnects >= 1
+		// and the relay takes a fresh channel. The counters follow the
+		// commit that kept the rows, so they are waited for too.
+		var s outbox.Stats
+		waitFor(t, 30*time.Second, "a fresh channel and the timeouts counted", func() bool {
+			var err error
+			if s, err = r.Stats(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return s.Reconnects >= 1 && s.TimedOut >= int64(failed)
 		})
-		s, err := r.Stats(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		if int64(failed) != s.TimedOut || s.Backlog.Pending != int64(failed) {
 			t.Fatalf("after the timeout: %d rows kept, stats %+v", failed, s)
 		}
