@@ -59,8 +59,8 @@ type workerSpec struct {
 	// Consumer is the mode an idemq worker runs (consumer.Mode.Apply).
 	Consumer consumer.Mode `json:"consumer,omitempty"`
 	// Partitions, when set, consumes a partitioned queue, ordered.
-	Partitions int `json:"partitions,omitempty"`
-	Linger   time.Duration `json:"linger,omitempty"`
+	Partitions int           `json:"partitions,omitempty"`
+	Linger     time.Duration `json:"linger,omitempty"`
 	// Publishing side: the queue published to, the body size, the
 	// publisher's confirm window, the relay's batch size.
 	Target    string `json:"target,omitempty"`
