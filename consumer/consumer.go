@@ -448,6 +448,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	// settle (the library then holds them, up to the prefetch).
 	buffered := make(chan amqp.Delivery, c.cfg.Prefetch)
 	closeBuffered := func() { close(buffered) }
+	owner := c.newOwnerMark()
+	defer owner.end()
 	if c.cfg.Ordering != nil {
 		s.gate = newOrderGate(c, s, buffered)
 		closeBuffered = s.gate.close
@@ -456,6 +458,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	go func() {
 		defer closeBuffered()
 		for d := range deliveries {
+			owner.delivered()
 			if s.acks != nil {
 				s.acks.track(d.DeliveryTag)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/schema"
+	"github.com/idemq/idemq/internal/ordering"
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 )
@@ -172,6 +174,24 @@ func (b *orderBench) waitApplied(n int, timeout time.Duration) {
 	}
 }
 
+// waitSettled waits until n deliveries have ended processed, suppressed as
+// duplicates or dead-lettered.
+func (b *orderBench) waitSettled(n int, timeout time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got := b.outcomes()
+		settled := got[consumer.OutcomeProcessed] + got[consumer.OutcomeDuplicate] + got[consumer.OutcomeDeadLettered]
+		if settled >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%d of %d deliveries settled after %s; outcomes %v", settled, n, timeout, got)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the recorded events: nothing to wait on
+	}
+}
+
 // TestOrderedSequencesApplyOnceInOrder publishes 20 keys × 30 events to a
 // partitioned queue, shuffled within windows of 4, with every fifth event
 // published twice (once with its own message_id again, once under a new
@@ -215,6 +235,10 @@ func TestOrderedSequencesApplyOnceInOrder(t *testing.T) {
 		}
 	}
 	b.waitApplied(keys*events, 90*time.Second)
+	// Every copy ends processed or suppressed; the last copies may still be
+	// waiting for their predecessors when the ledger is full.
+	copies := 2 * keys * events / 5
+	b.waitSettled(keys*events+copies, 60*time.Second)
 
 	seqs, _ := b.ledger()
 	want := make([]int64, events)
@@ -231,8 +255,8 @@ func TestOrderedSequencesApplyOnceInOrder(t *testing.T) {
 	if got[consumer.OutcomeRetried] == 0 {
 		t.Errorf("no retries: the test did not exercise a retried predecessor (outcomes %v)", got)
 	}
-	if got[consumer.OutcomeDuplicate] < keys*events/5 {
-		t.Errorf("%d duplicates, want at least %d (outcomes %v)", got[consumer.OutcomeDuplicate], keys*events/5, got)
+	if got[consumer.OutcomeDuplicate] < copies {
+		t.Errorf("%d duplicates, want at least %d (outcomes %v)", got[consumer.OutcomeDuplicate], copies, got)
 	}
 	if got[consumer.OutcomeDeadLettered] > 0 {
 		t.Errorf("dead letters: %v", got)
@@ -439,5 +463,55 @@ func TestOrderedFullWaitingRoomWaitsInATier(t *testing.T) {
 	}
 	if took := time.Since(start); took < 3*time.Second {
 		t.Errorf("the gaps were dead-lettered after %s, before GapTimeout (3s)", took)
+	}
+}
+
+// TestPartitionOwnersRecordTheActiveConsumer: two workers take the four
+// partitions (single-active-consumer); each partition's row in
+// partition_owners names the worker whose connection got its deliveries.
+func TestPartitionOwnersRecordTheActiveConsumer(t *testing.T) {
+	b := newOrderBench(t, 4, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	names := []string{b.cfg.ConnectionName + "-a", b.cfg.ConnectionName + "-b"}
+	for _, name := range names {
+		cfg := b.cfg
+		cfg.ConnectionName = name
+		c, err := consumer.New(b.store, b.apply(nil), &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := c.Run(ctx); err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+	}
+	for k := range 40 {
+		b.publish(fmt.Sprintf("acct-%02d", k), 1, fmt.Sprintf("acct-%02d/1", k))
+	}
+	b.waitApplied(40, 30*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	var owners []ordering.Owner
+	for len(owners) < 4 {
+		var err error
+		if owners, err = ordering.Owners(t.Context(), b.pool, b.schema, "ledger"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition owners after 10s: %+v, want the 4 partitions", owners)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the table: nothing to wait on
+	}
+	for i, o := range owners {
+		queue := consumer.PartitionQueue(b.cfg.Queue, i)
+		if o.Queue != queue {
+			t.Errorf("owner %d is of %s, want %s", i, o.Queue, queue)
+		}
+		suffix := fmt.Sprintf("-p%d (", i)
+		if !strings.HasPrefix(o.Owner, names[0]+suffix) && !strings.HasPrefix(o.Owner, names[1]+suffix) {
+			t.Errorf("%s: owner %q is neither worker's connection for the partition", queue, o.Owner)
+		}
 	}
 }

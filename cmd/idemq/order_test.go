@@ -131,8 +131,9 @@ func TestForwardOrderedKeepsEachKeysOrder(t *testing.T) {
 }
 
 // TestOrderStatusAndSkip: a key whose sequence 2 never came is blocked
-// after the gap timeout; `order status` lists it, `order skip` moves it to
-// 2 with a record, and its dead letter, replayed, applies as 3.
+// after the gap timeout; `order status` lists it (and the partition's
+// active consumer), `order skip` moves it to 2 with a record, and its dead
+// letter, replayed, applies as 3.
 func TestOrderStatusAndSkip(t *testing.T) {
 	schema := newSchema(t)
 	queue := testamqp.Name(t, "ordskip")
@@ -164,7 +165,8 @@ func TestOrderStatusAndSkip(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // polling a queue: nothing to wait on
 	}
 	r := mustRun(t, env(schema), "order", "status")
-	for _, want := range []string{"skipper", "acct-7", consumer.ReasonSequenceGap} {
+	// The partition's active consumer, as the forwarder recorded it.
+	for _, want := range []string{"skipper", "acct-7", consumer.ReasonSequenceGap, "ACTIVE CONSUMER", consumer.PartitionQueue(queue, 0) + "  "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("order status lacks %q:\n%s", want, r)
 		}

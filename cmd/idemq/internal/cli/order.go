@@ -20,8 +20,12 @@ func (a *app) orderCommand() *cobra.Command {
 	)
 	status := &cobra.Command{
 		Use:   "status [--consumer NAME] [--key K [--tenant T]]",
-		Short: "List the blocked ordering keys, or show one key's place",
-		Long: `List the ordering keys that are blocked (a message of theirs was dead-lettered,
+		Short: "List the partitions' active consumers and the blocked ordering keys, or show one key's place",
+		Long: `List the active consumer of each partition, as the consumers record it (the
+connection name, host and process that last got the partition's deliveries,
+since when, and when it last said so: at most every 10 seconds while
+deliveries come; an old "last seen" is an idle partition or a worker gone).
+Then list the ordering keys that are blocked (a message of theirs was dead-lettered,
 often sequence_gap: a sequence before it never came), longest blocked first:
 the consumer, the tenant, the ordering key, the last sequence applied, the
 sequence that was dead-lettered, why, and since when. A blocked key's later
@@ -66,6 +70,19 @@ idempotency keys: they are shown as they are.`,
 					fmt.Fprintf(w, "blocked\tno\n")
 				}
 				return nil
+			}
+			owners, err := ordering.Owners(ctx, pool, a.schema, consumerName)
+			switch {
+			case err != nil:
+				fmt.Fprintf(w, "partition owners not read: %v\n\n", err)
+			case len(owners) > 0:
+				fmt.Fprintln(w, "PARTITION\tCONSUMER\tACTIVE CONSUMER\tSINCE\tLAST SEEN")
+				now := time.Now()
+				for _, o := range owners {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s ago\n", o.Queue, o.Consumer, o.Owner, o.Since.Format(time.RFC3339),
+						now.Sub(o.SeenAt).Round(time.Second))
+				}
+				fmt.Fprintln(w)
 			}
 			keys, err := ordering.Blocked(ctx, pool, a.schema, consumerName, limit)
 			if err != nil {
