@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testamqp"
 )
 
 // `idemq ui` refuses to listen beyond loopback without a token, and serves
@@ -82,5 +85,46 @@ func waitServing(t *testing.T, p *proc) string {
 		if time.Now().After(deadline) {
 			t.Fatalf("ui not serving:\n%s", p.stderr.String())
 		}
+	}
+}
+
+// `idemq ui --partitions N` shows each --queue as a partitioned queue: its
+// partitions in the overview, each partition's dead letters on a page.
+func TestUIShowsPartitions(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	queue := testamqp.Name(t, "uiord")
+	queues, exchanges := consumer.NewTopology(consumer.TopologyConfig{Queue: queue, Partitions: 2}).Names()
+	testamqp.DeleteQueuesAtCleanup(t, queues, exchanges)
+	mustRun(t, env(schema), "topology", "apply", "--queue", queue, "--partitions", "2")
+	if r := idemq(t, env(schema), "ui", "--queue", queue, "--partitions", "-1"); r.code != 2 || !strings.Contains(r.stderr, "--partitions -1") {
+		t.Fatalf("ui --partitions -1: %s", r)
+	}
+	p := start(t, "ui", env(schema), "ui", "--listen", "127.0.0.1:0", "--queue", queue+"=ledger", "--partitions", "2")
+	base := "http://" + waitServing(t, p)
+	get := func(path string) (int, string) {
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/")
+	for _, want := range []string{`id="partition-` + queue + `.p0"`, `id="partition-` + queue + `.p1"`, "No ordering key is blocked"} {
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("overview (%d) lacks %q:\n%s", code, want, body)
+		}
+	}
+	if code, body := get("/dlq?queue=" + queue + ".p1"); code != http.StatusOK {
+		t.Fatalf("/dlq?queue=%s.p1: %d\n%s", queue, code, body)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 15*time.Second); code != 0 {
+		t.Fatalf("ui exit %d:\n%s", code, p.stderr.String())
 	}
 }

@@ -39,7 +39,10 @@ pending and parked rows, unparked after a confirmation.
 --queue Q=CONSUMER names the consumer scope whose keys Q's messages claim, so
 that a dead letter's key hash is the key_hash of the logs and spans. Q's retry
 tiers are named from --max-attempts and the --retry-* flags (those of
-topology apply).
+topology apply). With --partitions N each Q is a partitioned queue (topology
+apply --partitions N): the overview shows each partition Q.p0 … Q.p{N-1}, its
+depths, dead letters and active consumer, and CONSUMER's blocked ordering
+keys; each partition's dead letters have their page (/dlq?queue=Q.p0).
 
 It listens on loopback unless --auth-token-file is given: the file holds a
 token that every request must carry, as "Authorization: Bearer <token>" or
@@ -52,7 +55,8 @@ with a CSRF token; --read-only refuses them all. Raw keys are shown only where t
 operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 		Example: `  idemq ui --queue payments=charge
   idemq ui --listen 0.0.0.0:8089 --auth-token-file /run/secrets/idemq-ui --allow-host idemq-ui.internal --read-only --queue payments=charge
-  idemq ui --queue payments=charge --jaeger-url http://127.0.0.1:16686`,
+  idemq ui --queue payments=charge --jaeger-url http://127.0.0.1:16686
+  idemq ui --queue ledger=project --partitions 4`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			var token string
@@ -124,6 +128,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.DurationVar(&topo.retryInitial, "retry-initial", consumer.DefaultRetryInitial, "the queues' --retry-initial (names their retry tiers)")
 	f.Float64Var(&topo.retryMultiplier, "retry-multiplier", consumer.DefaultRetryMultiplier, "the queues' --retry-multiplier (names their retry tiers)")
 	f.DurationVar(&topo.retryMax, "retry-max", consumer.DefaultRetryMax, "the queues' --retry-max (names their retry tiers)")
+	f.IntVar(&topo.partitions, "partitions", 0, "the queues' --partitions: show each of Q.p0 … Q.p{N-1}, its active consumer and the blocked ordering keys (0: not partitioned)")
 	topo.deliveryLimit = consumer.DefaultDeliveryLimit
 	return cmd
 }

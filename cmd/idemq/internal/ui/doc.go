@@ -8,11 +8,15 @@
 //     the last hour and day, leases held with the oldest one's age, expired
 //     leases waiting for takeover, released keys), each queue's depth and
 //     consumers, its retry tiers' and DLQ's depths (the DLQ's by reason), and
-//     the outbox backlog. It refreshes itself.
-//   - /dlq?queue=Q: the dead letters of Q by reason, each letter's headers and
-//     body (/dlq/letter), and their replay: one, a selection or all of one
-//     reason, after a confirmation page, as a job whose progress page
-//     refreshes itself (/jobs).
+//     the outbox backlog. It refreshes itself. A partitioned queue
+//     (Topology.Partitions) is shown partition by partition, each with its
+//     depths and its active consumer as the consumers record it
+//     (internal/ordering.Owners), marked when its ready messages do not move,
+//     and with its consumer's blocked ordering keys (ordering.Blocked).
+//   - /dlq?queue=Q: the dead letters of Q (or of a partition, Q.p0) by
+//     reason, each letter's headers and body (/dlq/letter), and their
+//     replay: one, a selection or all of one reason, after a confirmation
+//     page, as a job whose progress page refreshes itself (/jobs).
 //   - /keys: the row of one key (consumer, tenant, key), as `idemq keys
 //     inspect` shows it, with its stored response and a link to its first
 //     processing's trace in Jaeger.

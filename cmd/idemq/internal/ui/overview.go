@@ -3,14 +3,19 @@ package ui
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/ordering"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -41,7 +46,62 @@ type queueView struct {
 	ByReason []reasonCount
 	Partial  bool
 	Err      string
+
+	// A partitioned queue's: the exchange publishers publish to, each
+	// partition, the active consumers' read error (OwnersErr), and its
+	// consumer's blocked ordering keys.
+	Exchange   string
+	Partitions []partitionView
+	OwnersErr  string
+	Blocked    blockedView
 }
+
+// partitionView is one partition of a partitioned queue: its own queues,
+// and who consumes it.
+type partitionView struct {
+	queueView
+	// Standby counts the consumers standing by: single-active-consumer
+	// delivers to one of them.
+	Standby int
+	// InTiers is the ready messages of its retry tiers; TiersErr says which
+	// tier could not be read.
+	InTiers  int
+	TiersErr string
+	// Owner is its active consumer as the consumers recorded it (nil: none
+	// recorded), last seen LastSeen ago.
+	Owner    *ordering.Owner
+	LastSeen time.Duration
+	// Stalled says why its ready messages may not move ("" when nothing does).
+	Stalled string
+}
+
+// blockedView lists a consumer's blocked ordering keys, the longest
+// blocked first, at most blockedShown of them.
+type blockedView struct {
+	Keys []blockedKey
+	// More: more keys are blocked than are shown.
+	More bool
+	Err  string
+}
+
+// blockedKey is one blocked ordering key: it waits for WaitsFor, Missing
+// are the sequences that never came before the one dead-lettered.
+type blockedKey struct {
+	Tenant, Key                  string
+	Last, WaitsFor, DeadLettered int64
+	Missing                      string
+	Reason                       string
+	Since                        *time.Time
+}
+
+// blockedShown bounds the blocked keys the overview lists for one consumer
+// (`idemq order status` lists them all).
+const blockedShown = 20
+
+// ownerStale is how long a partition with ready messages may go without
+// its active consumer recording itself before the overview flags it: the
+// consumer records at most every 10 seconds while deliveries come.
+const ownerStale = time.Minute
 
 type overviewView struct {
 	At        time.Time
@@ -72,16 +132,20 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Outbox = b
 	})
-	for _, name := range slices.Sorted(maps.Keys(s.queues)) {
-		v.Queues = append(v.Queues, s.queueState(ctx, s.queues[name]))
+	for _, q := range s.shown {
+		v.Queues = append(v.Queues, s.queueState(ctx, q))
 	}
 	wg.Wait()
 	s.renderRefresh(w, r, http.StatusOK, "overview", "Overview", v, s.cfg.Refresh)
 }
 
-// queueState reads the depths of q's queues and counts its dead letters by reason.
+// queueState reads the depths of q's queues and counts its dead letters by
+// reason; of a partitioned q, those of each partition.
 func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 	t := q.Topology
+	if len(t.Partitions) > 0 {
+		return s.partitionedState(ctx, q)
+	}
 	v := queueView{Name: t.Queue, Consumer: q.Consumer}
 	conn, err := s.amqpConn()
 	if err != nil {
@@ -113,6 +177,124 @@ func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 		v.ByReason, v.Partial = c.byReason, c.read < c.inQueue
 	}
 	return v
+}
+
+// partitionedState reads each partition of q as a queue of its own, with
+// its active consumer, and the blocked ordering keys of q's consumer.
+func (s *Server) partitionedState(ctx context.Context, q Queue) queueView {
+	v := queueView{Name: q.Topology.Queue, Consumer: q.Consumer, Exchange: q.Topology.OrderExchange}
+	owners, err := s.owners(ctx, q.Consumer)
+	if err != nil {
+		v.OwnersErr = storeErr(err, "011_partition_owners")
+	}
+	// One dial for all: a broker that does not answer is said once, not
+	// waited for by each partition.
+	_, connErr := s.amqpConn()
+	if connErr != nil {
+		v.Err = errText(connErr)
+	}
+	now := time.Now()
+	for _, t := range q.Topology.Partitions {
+		var p partitionView
+		if connErr == nil {
+			p.queueView = s.queueState(ctx, Queue{Topology: t, Consumer: q.Consumer})
+		} else {
+			p.Name, p.Work.Err, p.DLQ.Err, p.TiersErr = t.Queue, "not read", "not read", "not read"
+		}
+		p.Standby = max(p.Work.Consumers-1, 0)
+		for _, d := range p.Tiers {
+			p.InTiers += d.Messages
+			switch {
+			case d.Missing:
+				p.TiersErr = d.Name + " does not exist"
+			case d.Err != "":
+				p.TiersErr = d.Err
+			}
+		}
+		if o, ok := owners[t.Queue]; ok {
+			p.Owner, p.LastSeen = &o, max(now.Sub(o.SeenAt), 0)
+		}
+		p.Stalled = stalled(p, err == nil)
+		v.Partitions = append(v.Partitions, p)
+	}
+	if q.Consumer != "" {
+		v.Blocked = s.blocked(ctx, q.Consumer)
+	}
+	return v
+}
+
+// stalled says why p's ready messages may not be moving: no consumer, or
+// an active consumer that has not recorded itself for ownerStale (or ever,
+// when the owners could be read). "" when they move, or none are ready.
+func stalled(p partitionView, ownersRead bool) string {
+	ready := p.Work.Messages
+	switch {
+	case ready == 0:
+		return ""
+	case p.Work.Consumers == 0:
+		return fmt.Sprintf("%d ready, no consumer", ready)
+	case !ownersRead:
+		return ""
+	case p.Owner == nil:
+		return fmt.Sprintf("%d ready, no active consumer recorded", ready)
+	case p.LastSeen > ownerStale:
+		return fmt.Sprintf("%d ready, the active consumer not seen for %s", ready, age(p.LastSeen))
+	}
+	return ""
+}
+
+// owners returns the partitions' active consumers recorded for consumer
+// ("" any), by partition: the one seen last where several consumers
+// recorded one.
+func (s *Server) owners(ctx context.Context, consumer string) (map[string]ordering.Owner, error) {
+	list, err := ordering.Owners(ctx, s.cfg.Pool, s.store.Config().Schema, consumer)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]ordering.Owner{}
+	for _, o := range list {
+		if prev, ok := out[o.Queue]; !ok || o.SeenAt.After(prev.SeenAt) {
+			out[o.Queue] = o
+		}
+	}
+	return out, nil
+}
+
+// blocked lists consumer's blocked ordering keys, at most blockedShown.
+func (s *Server) blocked(ctx context.Context, consumer string) blockedView {
+	keys, err := ordering.Blocked(ctx, s.cfg.Pool, s.store.Config().Schema, consumer, blockedShown+1)
+	if err != nil {
+		return blockedView{Err: storeErr(err, "010_ordering")}
+	}
+	var v blockedView
+	if len(keys) > blockedShown {
+		keys, v.More = keys[:blockedShown], true
+	}
+	for _, k := range keys {
+		b := blockedKey{Tenant: k.Tenant, Key: k.Key, Last: k.LastSequence, WaitsFor: k.LastSequence + 1,
+			DeadLettered: k.BlockedSequence, Reason: k.BlockedReason, Since: k.BlockedAt}
+		switch first, last := k.LastSequence+1, k.BlockedSequence-1; {
+		case last < first:
+			b.Missing = "none"
+		case last == first:
+			b.Missing = strconv.FormatInt(first, 10)
+		default:
+			b.Missing = fmt.Sprintf("%d … %d", first, last)
+		}
+		v.Keys = append(v.Keys, b)
+	}
+	return v
+}
+
+// storeErr is a store's error as the overview shows it: a missing table
+// names the migration that creates it.
+func storeErr(err error, migration string) string {
+	var pgErr *pgconn.PgError
+	// undefined_table
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Sprintf("the store lacks migration %s (idemq migrate): %s", migration, errText(err))
+	}
+	return errText(err)
 }
 
 // countLetters counts q's dead letters by reason, given the DLQ's depth: from

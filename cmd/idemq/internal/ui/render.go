@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -35,6 +34,13 @@ var funcs = template.FuncMap{
 	},
 	"ago": func(t time.Time) string { return age(time.Since(t)) },
 	"age": age,
+	// seen is how long ago something was last seen.
+	"seen": func(d time.Duration) string {
+		if d < time.Second {
+			return "just now"
+		}
+		return age(d) + " ago"
+	},
 	"dash": func(s string) string {
 		if s == "" {
 			return "-"
@@ -86,12 +92,20 @@ func parsePages() (map[string]*template.Template, error) {
 type view struct {
 	Title    string
 	CSRF     string
-	Queues   []string
+	Queues   []navQueue
 	ReadOnly bool
 	Auth     bool
 	// Refresh, when positive, reloads the page every so many seconds.
 	Refresh int
 	Page    any
+}
+
+// navQueue is a queue in the menu: a link to its dead letters, or for a
+// partitioned one to its partitions in the overview (each of which links to
+// its own).
+type navQueue struct {
+	Name        string
+	Partitioned bool
 }
 
 // render writes page name with data p.
@@ -104,10 +118,9 @@ func (s *Server) renderRefresh(w http.ResponseWriter, r *http.Request, code int,
 		Title: title, CSRF: s.csrfToken(w, r), ReadOnly: s.cfg.ReadOnly,
 		Auth: s.secrets.token != "" && s.authenticated(r), Refresh: int(refresh.Seconds()), Page: p,
 	}
-	for name := range s.queues {
-		v.Queues = append(v.Queues, name)
+	for _, q := range s.shown {
+		v.Queues = append(v.Queues, navQueue{Name: q.Topology.Queue, Partitioned: len(q.Topology.Partitions) > 0})
 	}
-	slices.Sort(v.Queues)
 	var buf bytes.Buffer
 	if err := s.pages[name].Execute(&buf, v); err != nil {
 		s.log.Error("ui: render", "page", name, "err", errText(err))

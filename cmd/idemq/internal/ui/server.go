@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,7 +38,9 @@ const (
 
 // Queue is a work queue the UI shows, with the consumer scope its messages
 // claim their keys in (so that a dead letter's key hash is the one in the
-// logs; "" when unknown).
+// logs; "" when unknown). A partitioned queue (Topology.Partitions) is shown
+// partition by partition, and each partition is a queue of the UI with the
+// same Consumer: its dead letters have their page, and are replayed to it.
 type Queue struct {
 	Topology consumer.Topology
 	Consumer string
@@ -98,10 +102,14 @@ var staticFS embed.FS
 
 // Server serves the UI. It is an http.Handler.
 type Server struct {
-	cfg     Config
-	store   *dedup.Store
-	outbox  *outbox.Outbox
-	queues  map[string]Queue
+	cfg    Config
+	store  *dedup.Store
+	outbox *outbox.Outbox
+	// queues are the queues with a DLQ, by name: those given and the
+	// partitions of those partitioned.
+	queues map[string]Queue
+	// shown are the queues given, by name.
+	shown   []Queue
 	pages   map[string]*template.Template
 	handler http.Handler
 	guard   *hostguard.Guard
@@ -144,8 +152,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
 	for _, q := range cfg.Queues {
-		s.queues[q.Topology.Queue] = q
+		for _, p := range q.Topology.Partitions {
+			s.queues[p.Queue] = Queue{Topology: p, Consumer: q.Consumer}
+		}
+		if len(q.Topology.Partitions) == 0 {
+			s.queues[q.Topology.Queue] = q
+		}
 	}
+	byName := func(a, b Queue) int { return strings.Compare(a.Topology.Queue, b.Topology.Queue) }
+	s.shown = slices.CompactFunc(slices.SortedStableFunc(slices.Values(cfg.Queues), byName),
+		func(a, b Queue) bool { return byName(a, b) == 0 })
 	if s.secrets, err = newSecrets(cfg.Token); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
