@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Owner is the worker last seen as the active consumer of one partition
@@ -39,16 +41,8 @@ WHERE $1 = '' OR consumer = $1 ORDER BY consumer, queue`, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("list partition owners: %w", err)
 	}
-	defer rows.Close()
-	var out []Owner
-	for rows.Next() {
-		var o Owner
-		if err := rows.Scan(&o.Consumer, &o.Queue, &o.Owner, &o.Since, &o.SeenAt); err != nil {
-			return nil, fmt.Errorf("list partition owners: %w", err)
-		}
-		out = append(out, o)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Owner])
+	if err != nil {
 		return nil, fmt.Errorf("list partition owners: %w", err)
 	}
 	return out, nil
