@@ -61,6 +61,9 @@ func TestUIListensOnLoopbackUnlessAToken(t *testing.T) {
 	if code := get(token); code != http.StatusOK {
 		t.Fatalf("with the token: %d", code)
 	}
+	if r := idemq(t, env(schema), "ui", "--warn-retrying", "0"); r.code != 2 || !strings.Contains(r.stderr, "must be positive") {
+		t.Fatalf("ui --warn-retrying 0: %s", r)
+	}
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 15*time.Second); code != 0 {
 		t.Fatalf("ui exit %d:\n%s", code, p.stderr.String())
@@ -115,10 +118,13 @@ func TestUIShowsPartitions(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	code, body := get("/")
-	for _, want := range []string{`id="partition-` + queue + `.p0"`, `id="partition-` + queue + `.p1"`, "No ordering key is blocked"} {
+	for _, want := range []string{`id="partition-` + queue + `.p0"`, `id="partition-` + queue + `.p1"`, "No ordering key is blocked", "Nothing needs you."} {
 		if code != http.StatusOK || !strings.Contains(body, want) {
 			t.Fatalf("overview (%d) lacks %q:\n%s", code, want, body)
 		}
+	}
+	if code, body := get("/api/health"); code != http.StatusOK || !strings.Contains(body, `"status": "ok"`) {
+		t.Fatalf("/api/health: %d\n%s", code, body)
 	}
 	if code, body := get("/dlq?queue=" + queue + ".p1"); code != http.StatusOK {
 		t.Fatalf("/dlq?queue=%s.p1: %d\n%s", queue, code, body)

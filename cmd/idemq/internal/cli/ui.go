@@ -25,6 +25,7 @@ func (a *app) uiCommand() *cobra.Command {
 		topo                         topologyFlags
 		readOnly, showKeys, hashKeys bool
 		letterLimit                  int
+		limits                       ui.HealthLimits
 	)
 	cmd := &cobra.Command{
 		Use:   "ui [--listen ADDR] [--queue Q[=CONSUMER] ...]",
@@ -43,6 +44,14 @@ topology apply). With --partitions N each Q is a partitioned queue (topology
 apply --partitions N): the overview shows each partition Q.p0 … Q.p{N-1}, its
 depths, dead letters and active consumer, and CONSUMER's blocked ordering
 keys; each partition's dead letters have their page (/dlq?queue=Q.p0).
+
+The overview flags what needs the operator, the most urgent first: ready
+messages with no consumer, a queue missing, keys in progress past their lease,
+retry tiers holding more than --warn-retrying, parked outbox rows, an outbox
+row pending longer than --warn-outbox-age, dead letters that came in within
+the last hour, a stalled partition, blocked ordering keys. GET /api/health
+gives the same checks as JSON (503 while one is critical), for scripts and
+alerting, with the same token.
 
 It listens on loopback unless --auth-token-file is given: the file holds a
 token that every request must carry, as "Authorization: Bearer <token>" or
@@ -75,6 +84,9 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			if _, err := hostguard.New(listen, allowHosts); err != nil {
 				return usagef("--allow-host: %w", err)
 			}
+			if limits.OutboxAge <= 0 || limits.Retrying <= 0 {
+				return usagef("--warn-outbox-age and --warn-retrying must be positive")
+			}
 			var qs []ui.Queue
 			for _, spec := range queues {
 				name, consumerName := spec, ""
@@ -101,7 +113,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
 				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
 				Listen: listen, AllowHosts: allowHosts,
-				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Logger: a.log,
+				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, Logger: a.log,
 			})
 			if err != nil {
 				return err
@@ -124,6 +136,8 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id, Idempotency-Key) instead of their hashes")
 	f.BoolVar(&hashKeys, "hash-keys", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.IntVar(&letterLimit, "dlq-limit", ui.DefaultLetterLimit, "most dead letters read for one page")
+	f.DurationVar(&limits.OutboxAge, "warn-outbox-age", ui.DefaultOutboxAge, "flag the outbox when its oldest pending row is older than this")
+	f.IntVar(&limits.Retrying, "warn-retrying", ui.DefaultRetrying, "flag a queue with more messages than this in its retry tiers")
 	f.IntVar(&topo.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "the queues' --max-attempts (names their retry tiers)")
 	f.DurationVar(&topo.retryInitial, "retry-initial", consumer.DefaultRetryInitial, "the queues' --retry-initial (names their retry tiers)")
 	f.Float64Var(&topo.retryMultiplier, "retry-multiplier", consumer.DefaultRetryMultiplier, "the queues' --retry-multiplier (names their retry tiers)")

@@ -75,7 +75,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if _, ok := bearer(r); r.Method == http.MethodGet && !ok {
+		// A browser is sent to log in; a script (a bearer token, or any
+		// request of the API) is told it is not authorized.
+		if _, ok := bearer(r); r.Method == http.MethodGet && !ok && !strings.HasPrefix(r.URL.Path, "/api/") {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}

@@ -27,6 +27,8 @@ type depth struct {
 	Consumers int
 	Missing   bool
 	Err       string
+	// Flagged: a health flag is about this queue.
+	Flagged bool
 }
 
 // reasonCount is one reason's count of dead letters.
@@ -111,12 +113,51 @@ type overviewView struct {
 	Outbox    outbox.Backlog
 	OutboxErr string
 	Refresh   time.Duration
+	// Health is what the state above asks of the operator; OutboxBehind
+	// marks the outbox's age when a flag is about it.
+	Health       health
+	OutboxBehind bool
 }
 
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
-	v := overviewView{At: time.Now(), Refresh: s.cfg.Refresh}
+	v := s.state(ctx, true)
+	v.Refresh, v.Health = s.cfg.Refresh, s.assess(v)
+	v.mark()
+	s.renderRefresh(w, r, http.StatusOK, "overview", "Overview", v, s.cfg.Refresh)
+}
+
+// mark marks the depths and the outbox that v's flags are about.
+func (v *overviewView) mark() {
+	about := map[string]bool{}
+	for _, f := range v.Health.Flags {
+		about[f.Check+" "+f.Subject] = true
+		v.OutboxBehind = v.OutboxBehind || f.Check == "outbox_behind"
+	}
+	markQueue := func(q *queueView) {
+		q.Work.Flagged = about["no_consumer "+q.Name]
+		for i := range q.Tiers {
+			q.Tiers[i].Flagged = about["retrying "+q.Name]
+		}
+		q.DLQ.Flagged = about["dlq_grew "+q.DLQ.Name]
+	}
+	for i := range v.Queues {
+		markQueue(&v.Queues[i])
+		for j := range v.Queues[i].Partitions {
+			markQueue(&v.Queues[i].Partitions[j].queueView)
+		}
+	}
+}
+
+// readTimeout bounds the reads of one overview or health check.
+const readTimeout = 15 * time.Second
+
+// state reads what the overview shows: the key store's counts, each queue
+// given (with its dead letters counted by reason when letters), and the
+// outbox's backlog.
+func (s *Server) state(ctx context.Context, letters bool) overviewView {
+	v := overviewView{At: time.Now()}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		st, err := s.store.Stats(ctx)
@@ -133,18 +174,18 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		v.Outbox = b
 	})
 	for _, q := range s.shown {
-		v.Queues = append(v.Queues, s.queueState(ctx, q))
+		v.Queues = append(v.Queues, s.queueState(ctx, q, letters))
 	}
 	wg.Wait()
-	s.renderRefresh(w, r, http.StatusOK, "overview", "Overview", v, s.cfg.Refresh)
+	return v
 }
 
-// queueState reads the depths of q's queues and counts its dead letters by
-// reason; of a partitioned q, those of each partition.
-func (s *Server) queueState(ctx context.Context, q Queue) queueView {
+// queueState reads the depths of q's queues and, when letters, counts its
+// dead letters by reason; of a partitioned q, those of each partition.
+func (s *Server) queueState(ctx context.Context, q Queue, letters bool) queueView {
 	t := q.Topology
 	if len(t.Partitions) > 0 {
-		return s.partitionedState(ctx, q)
+		return s.partitionedState(ctx, q, letters)
 	}
 	v := queueView{Name: t.Queue, Consumer: q.Consumer}
 	conn, err := s.amqpConn()
@@ -169,7 +210,10 @@ func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 		v.Tiers = append(v.Tiers, inspect(t.TierName(delay), delay))
 	}
 	v.DLQ = inspect(t.DLQ, 0)
-	if v.DLQ.Messages > 0 {
+	if !v.DLQ.Missing && v.DLQ.Err == "" {
+		s.arrivals.observe(t.DLQ, v.DLQ.Messages, time.Now())
+	}
+	if letters && v.DLQ.Messages > 0 {
 		c, err := s.countLetters(ctx, q, v.DLQ.Messages)
 		if err != nil {
 			v.Err = errText(err)
@@ -181,7 +225,7 @@ func (s *Server) queueState(ctx context.Context, q Queue) queueView {
 
 // partitionedState reads each partition of q as a queue of its own, with
 // its active consumer, and the blocked ordering keys of q's consumer.
-func (s *Server) partitionedState(ctx context.Context, q Queue) queueView {
+func (s *Server) partitionedState(ctx context.Context, q Queue, letters bool) queueView {
 	v := queueView{Name: q.Topology.Queue, Consumer: q.Consumer, Exchange: q.Topology.OrderExchange}
 	owners, err := s.owners(ctx, q.Consumer)
 	if err != nil {
@@ -197,7 +241,7 @@ func (s *Server) partitionedState(ctx context.Context, q Queue) queueView {
 	for _, t := range q.Topology.Partitions {
 		var p partitionView
 		if connErr == nil {
-			p.queueView = s.queueState(ctx, Queue{Topology: t, Consumer: q.Consumer})
+			p.queueView = s.queueState(ctx, Queue{Topology: t, Consumer: q.Consumer}, letters)
 		} else {
 			p.Name, p.Work.Err, p.DLQ.Err, p.TiersErr = t.Queue, "not read", "not read", "not read"
 		}

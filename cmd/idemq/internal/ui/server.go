@@ -90,6 +90,8 @@ type Config struct {
 	LetterLimit int
 	// BodyLimit bounds the bytes of a body shown. Default DefaultBodyLimit.
 	BodyLimit int
+	// Health bounds what the overview and /api/health flag as backing up.
+	Health HealthLimits
 	// Logger receives the server's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -126,6 +128,9 @@ type Server struct {
 
 	readMu sync.Mutex
 	reads  map[string]*sync.Mutex // by DLQ: see readLetters
+
+	// arrivals are the dead letters seen coming into each DLQ.
+	arrivals arrivals
 }
 
 // New returns the server cfg describes.
@@ -169,6 +174,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
 	s.handler = s.routes()
+	s.jobs.wg.Go(func() { s.sample(s.jobs.ctx) })
 	return s, nil
 }
 
@@ -176,7 +182,8 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // Close closes the server's broker connection and waits for the replays
-// in flight to end (each stops after the message in hand when ctx ends).
+// in flight to end (each stops after the message in hand when ctx ends)
+// and for the DLQ sampler to stop.
 func (s *Server) Close(ctx context.Context) {
 	s.jobs.stop(ctx)
 	s.connMu.Lock()
@@ -195,6 +202,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /login", s.login)
 	mux.HandleFunc("POST /logout", s.logout)
 	mux.HandleFunc("GET /{$}", s.overview)
+	mux.HandleFunc("GET /api/health", s.healthAPI)
 	mux.HandleFunc("GET /dlq", s.deadLetters)
 	mux.HandleFunc("GET /dlq/letter", s.letter)
 	mux.HandleFunc("POST /dlq/replay/confirm", s.changing(s.replayConfirm))

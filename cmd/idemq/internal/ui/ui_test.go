@@ -42,7 +42,9 @@ func TestOverview(t *testing.T) {
 		`<meta http-equiv="refresh" content="10">`,
 		// payments: 1 completed (1h, 24h), 1 rejected, 1 in progress, 3 rows.
 		`<td><a href="/keys?consumer=payments">payments</a></td><td class="n">1</td><td class="n">1</td>`+"\n"+`<td class="n">1</td><td class="n">1</td><td class="n">1</td>`,
-		`<td>`+e.topo.Queue+` (work)</td><td class="n">1</td><td class="n">0</td>`,
+		// Ready with no consumer: marked, and flagged.
+		`<td>`+e.topo.Queue+` (work)</td><td class="n warn">1</td><td class="n">0</td>`,
+		`<b>Look here first.</b> <span class="sev">critical</span> `+e.topo.Queue+` has 1 message(s) ready and no consumer`,
 		e.topo.TierName(e.topo.Delays[0])+` (retry after 1s)</td><td class="n">0</td>`,
 		`(dead letters)</td><td class="n">3</td>`,
 		`permanent_error <b>2</b>`, `idempotency_key_reuse <b>1</b>`,
