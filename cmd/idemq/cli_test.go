@@ -561,10 +561,16 @@ func TestForwardDeduplicatesAcrossAKill(t *testing.T) {
 		return n == 6
 	})
 
-	// dlq replay --reason moves exactly the reused keys back to Q. Copies
-	// still in the retry tiers (busy duplicates) may reach Q too: keep
-	// only what is not a duplicate of a forwarded key.
-	r = mustRun(t, environ, "dlq", "replay", "--queue", q, "--reason", "idempotency_key_reuse")
+	// A reused key's letters come straight back: replaying them is refused
+	// unless asked for explicitly, and then dlq replay --reason moves
+	// exactly the reused keys back to Q. Copies still in the retry tiers
+	// (busy duplicates) may reach Q too: keep only what is not a duplicate
+	// of a forwarded key.
+	if r := idemq(t, environ, "dlq", "replay", "--queue", q, "--reason", "idempotency_key_reuse"); r.code != 2 ||
+		!strings.Contains(r.stderr, "cannot succeed unchanged") || !strings.Contains(r.stderr, "--allow-doomed") || r.stdout != "" {
+		t.Fatalf("dlq replay of reused keys without --allow-doomed: %s", r)
+	}
+	r = mustRun(t, environ, "dlq", "replay", "--queue", q, "--reason", "idempotency_key_reuse", "--allow-doomed")
 	if strings.TrimSpace(r.stdout) != "replayed 2, skipped 4" {
 		t.Fatalf("dlq replay: %s", r)
 	}

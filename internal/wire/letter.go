@@ -31,6 +31,10 @@ type Letter struct {
 	BodySize    int    `json:"body_size"`
 	// Timestamp is the message's timestamp property; nil when it has none.
 	Timestamp *time.Time `json:"timestamp"`
+	// DeathTime is the time of the latest x-death entry (when the broker
+	// first dead-lettered the message from that queue for that reason);
+	// nil when it has none.
+	DeathTime *time.Time `json:"death_time,omitempty"`
 }
 
 // ReadLetter reads what dead letter d says: the x-idemq-* description idemq
@@ -58,6 +62,9 @@ func ReadLetter(d *amqp.Delivery) Letter {
 	}
 	_, hasOrigin := h[HeaderOriginalExchange]
 	if death, ok := latestDeath(h); ok {
+		if t, ok := death["time"].(time.Time); ok && !t.IsZero() {
+			l.DeathTime = &t
+		}
 		if l.Reason == "" {
 			l.Reason = text(death["reason"])
 			l.ByBroker = l.Reason != ""

@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -25,15 +26,16 @@ func TestReadLetter(t *testing.T) {
 		t.Errorf("idemq dead letter: %+v", l)
 	}
 
+	died := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	broker := &amqp.Delivery{MessageId: "k2", Headers: amqp.Table{
 		"x-death": []any{
-			amqp.Table{"reason": "delivery_limit", "queue": "q", "exchange": "", "routing-keys": []any{"q"}, "count": int64(1)},
+			amqp.Table{"reason": "delivery_limit", "queue": "q", "exchange": "", "routing-keys": []any{"q"}, "count": int64(1), "time": died},
 			amqp.Table{"reason": "expired", "queue": "q.retry.1s", "exchange": "", "routing-keys": []any{"q.retry.1s"}, "count": int64(3)},
 		},
 		"x-first-death-reason": "expired",
 	}}
 	l = wire.ReadLetter(broker)
-	if l.Reason != "delivery_limit" || !l.ByBroker || l.DeathCount != 1 || l.OriginalRoutingKey != "q" {
+	if l.Reason != "delivery_limit" || !l.ByBroker || l.DeathCount != 1 || l.OriginalRoutingKey != "q" || l.DeathTime == nil || !l.DeathTime.Equal(died) {
 		t.Errorf("broker dead letter: %+v", l)
 	}
 

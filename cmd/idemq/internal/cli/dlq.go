@@ -17,7 +17,19 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 )
+
+// doomedReasons are the reasons whose letters cannot succeed unchanged.
+func doomedReasons() []string {
+	var out []string
+	for _, r := range consumer.Reasons() {
+		if dlq.Doomed(r) != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
 
 func (a *app) dlqCommand() *cobra.Command {
 	return group("dlq", "List and replay the dead letters of a work queue", `Dead letters of work queue Q are in Q.dlq. Those dead-lettered by idemq carry
@@ -143,8 +155,9 @@ func (a *app) dlqReplayCommand() *cobra.Command {
 	var (
 		queue, reason          string
 		limit                  int
-		timeout                time.Duration
+		timeout, retention     time.Duration
 		dropUserID, keepUserID bool
+		allowDoomed, older     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "replay --queue Q [--reason R]",
@@ -166,6 +179,15 @@ in Q.dlq (exit 1, naming it) unless --drop-user-id replays it without its
 user_id (right when the consumer does not take the tenant from user_id:
 with TenantFromUserID its key would be claimed in another tenant), or
 --keep-user-id keeps it (a replaying user with the impersonator tag).
+
+Letters whose reason cannot succeed unchanged (` + strings.Join(doomedReasons(), ", ") + `)
+come straight back to Q.dlq: they stay there, counted, unless --allow-doomed
+(--reason naming one of them is refused without it). A letter first seen
+longer ago than --key-retention (the store's retention, idemq gc --retention)
+may have lost its key: if another copy of it completed once, a replay would
+run it again. Such letters stay in Q.dlq (exit 1, counted) unless
+--older-than-retention; a letter that carries no time (no x-idemq-first-seen,
+timestamp or x-death time) counts as one of them.
 
 SIGINT or SIGTERM stops the replay after the message in hand: nothing is lost;
 at worst, if the process dies between a confirm and its ack, a message is both
@@ -193,6 +215,12 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if reason != "" && !slices.Contains(consumer.Reasons(), reason) {
 				return usagef("--reason %q is not a dead-letter reason; want one of %s", reason, strings.Join(consumer.Reasons(), ", "))
 			}
+			if why := dlq.Doomed(reason); why != "" && !allowDoomed {
+				return usagef("--reason %s: these letters cannot succeed unchanged (%s); --allow-doomed replays them anyway", reason, why)
+			}
+			if retention <= 0 {
+				return usagef("--key-retention %s must be positive", retention)
+			}
 			conn, err := a.dialAMQP("idemq-dlq-replay")
 			if err != nil {
 				return err
@@ -200,6 +228,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			defer conn.Close()
 			opts := dlq.ReplayOptions{
 				Queue: dlq.Name(queue), Target: queue, Reason: reason, Limit: limit, ConfirmTimeout: timeout, Logger: a.log,
+				Doomed: allowDoomed, Retention: retention, OlderThanRetention: older,
 			}
 			switch {
 			case dropUserID:
@@ -237,7 +266,16 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if res.UserIDRefused > 0 {
 				fmt.Fprintf(a.stdout, ", %d left for their user_id", res.UserIDRefused)
 			}
+			if res.Doomed > 0 {
+				fmt.Fprintf(a.stdout, ", %d left: their reason cannot succeed unchanged (--allow-doomed)", res.Doomed)
+			}
+			if res.Old > 0 {
+				fmt.Fprintf(a.stdout, ", %d left: older than the key retention (%s)", res.Old, retention)
+			}
 			fmt.Fprintln(a.stdout)
+			if errors.Is(err, dlq.ErrOlderThanRetention) {
+				err = fmt.Errorf("%w; --older-than-retention replays them (each runs again if its key is gone)", err)
+			}
 			if errors.Is(err, dlq.ErrForeignUserID) {
 				return fmt.Errorf("%w; --drop-user-id replays them without it, --keep-user-id with it (a replaying user with the impersonator tag)", err)
 			}
@@ -257,6 +295,9 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 	f.DurationVar(&timeout, "confirm-timeout", dlq.DefaultConfirmTimeout, "how long to wait for the broker to confirm one copy")
 	f.BoolVar(&dropUserID, "drop-user-id", false, "replay a letter whose user_id the replaying user may not publish without it (not when the consumer takes the tenant from user_id)")
 	f.BoolVar(&keepUserID, "keep-user-id", false, "replay every letter with its user_id (the replaying user has RabbitMQ's impersonator tag)")
+	f.BoolVar(&allowDoomed, "allow-doomed", false, "replay letters whose reason cannot succeed unchanged (they come straight back unless their cause changed)")
+	f.DurationVar(&retention, "key-retention", dedup.DefaultRetention, "the key store's retention (idemq gc --retention): older letters may have lost their key")
+	f.BoolVar(&older, "older-than-retention", false, "replay letters older than --key-retention too (each runs again if its key is gone)")
 	requireFlags(cmd, "queue")
 	return cmd
 }

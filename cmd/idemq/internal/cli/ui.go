@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/hostguard"
 )
 
@@ -26,6 +28,7 @@ func (a *app) uiCommand() *cobra.Command {
 		readOnly, showKeys, hashKeys bool
 		letterLimit                  int
 		limits                       ui.HealthLimits
+		keyRetention                 time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "ui [--listen ADDR] [--queue Q[=CONSUMER] ...]",
@@ -60,7 +63,10 @@ an hour unused, 12 hours after the login, or when the UI stops). It answers
 only requests whose Host is the listen address, localhost or an IP it is
 reached at, or a name given with --allow-host; others get 421 (a page whose
 name is rebound to the UI's address reads nothing). Every change is a POST
-with a CSRF token; --read-only refuses them all. Raw keys are shown only where the
+with a CSRF token; --read-only refuses them all. Letters whose reason cannot
+succeed unchanged (a reused or missing key, ...) are not offered for a replay
+of their reason, and letters older than --key-retention are marked; either is
+replayed only when its box on the confirmation page is ticked. Raw keys are shown only where the
 operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 		Example: `  idemq ui --queue payments=charge
   idemq ui --listen 0.0.0.0:8089 --auth-token-file /run/secrets/idemq-ui --allow-host idemq-ui.internal --read-only --queue payments=charge
@@ -84,8 +90,8 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			if _, err := hostguard.New(listen, allowHosts); err != nil {
 				return usagef("--allow-host: %w", err)
 			}
-			if limits.OutboxAge <= 0 || limits.Retrying <= 0 {
-				return usagef("--warn-outbox-age and --warn-retrying must be positive")
+			if limits.OutboxAge <= 0 || limits.Retrying <= 0 || keyRetention <= 0 {
+				return usagef("--warn-outbox-age, --warn-retrying and --key-retention must be positive")
 			}
 			var qs []ui.Queue
 			for _, spec := range queues {
@@ -113,7 +119,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
 				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
 				Listen: listen, AllowHosts: allowHosts,
-				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, Logger: a.log,
+				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, Logger: a.log,
 			})
 			if err != nil {
 				return err
@@ -136,6 +142,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id, Idempotency-Key) instead of their hashes")
 	f.BoolVar(&hashKeys, "hash-keys", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.IntVar(&letterLimit, "dlq-limit", ui.DefaultLetterLimit, "most dead letters read for one page")
+	f.DurationVar(&keyRetention, "key-retention", dedup.DefaultRetention, "the key store's retention (idemq gc --retention): older dead letters are marked, and replayed only when ticked")
 	f.DurationVar(&limits.OutboxAge, "warn-outbox-age", ui.DefaultOutboxAge, "flag the outbox when its oldest pending row is older than this")
 	f.IntVar(&limits.Retrying, "warn-retrying", ui.DefaultRetrying, "flag a queue with more messages than this in its retry tiers")
 	f.IntVar(&topo.maxAttempts, "max-attempts", consumer.DefaultMaxAttempts, "the queues' --max-attempts (names their retry tiers)")

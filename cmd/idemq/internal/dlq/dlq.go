@@ -282,6 +282,16 @@ type ReplayOptions struct {
 	// Start, when set, is called once before the first read with the number
 	// of messages Replay will read at most.
 	Start func(total int)
+	// Doomed replays the letters whose reason cannot succeed unchanged
+	// (Doomed says why); without it they stay in the DLQ, counted in
+	// ReplayResult.Doomed.
+	Doomed bool
+	// Retention, when set, is the key store's retention (dedup.Config
+	// Retention, idemq gc --retention): a letter older than it (OlderThan)
+	// stays in the DLQ, counted in ReplayResult.Old, unless
+	// OlderThanRetention. 0: ages are not checked.
+	Retention          time.Duration
+	OlderThanRetention bool
 	// Logger receives a line for each letter replayed without its user_id
 	// or left for it (its id, never its key). Default slog.Default().
 	Logger *slog.Logger
@@ -301,6 +311,12 @@ type ReplayResult struct {
 	// UserIDRefused matched but stay in the DLQ: their user_id is one the
 	// replaying connection may not publish (UserIDRefuse).
 	UserIDRefused int `json:"user_id_refused"`
+	// Doomed matched but stay in the DLQ: their reason cannot succeed
+	// unchanged (Doomed) and ReplayOptions.Doomed was not given.
+	Doomed int `json:"doomed"`
+	// Old matched but stay in the DLQ: they may be older than the key
+	// retention (ReplayOptions.Retention).
+	Old int `json:"older_than_retention"`
 	// ByReason counts the replayed letters by reason.
 	ByReason map[string]int `json:"by_reason"`
 	// Interrupted reports that ctx ended before the end of the DLQ.
@@ -321,7 +337,9 @@ type ReplayResult struct {
 // time, a channel closed: the error says the broker's reason) stops Replay
 // with an error; its dead letter stays in the DLQ. Letters refused for their
 // user_id stay in the DLQ too, and Replay returns an error wrapping
-// ErrForeignUserID after it has replayed the others.
+// ErrForeignUserID after it has replayed the others; so do letters older
+// than opts.Retention (ErrOlderThanRetention). Letters whose reason cannot
+// succeed unchanged (Doomed) stay without an error, counted.
 func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (ReplayResult, error) {
 	res := ReplayResult{ByReason: map[string]int{}}
 	if opts.Queue == "" || opts.Target == "" {
@@ -374,6 +392,10 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 		switch {
 		case (opts.Reason != "" && l.Reason != opts.Reason) || (opts.Select != nil && !opts.Select(ID(&d), l)):
 			res.Skipped++ // left unacked: back to the DLQ when the channel closes
+		case !opts.Doomed && Doomed(l.Reason) != "":
+			res.Doomed++ // left unacked, like a skipped one
+		case opts.Retention > 0 && !opts.OlderThanRetention && OlderThan(l, opts.Retention, time.Now()):
+			res.Old++ // left unacked, like a skipped one
 		case !wire.UserIDAllowed(d.UserId, user) && opts.UserID == UserIDRefuse:
 			res.UserIDRefused++ // left unacked, like a skipped one
 			log.Warn("dlq: replay leaves a dead letter whose user_id the replaying user may not publish",
@@ -399,11 +421,15 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 			opts.Progress(res)
 		}
 	}
-	if res.UserIDRefused > 0 {
-		return res, fmt.Errorf("%d dead letter(s) stay in %s: %w (RabbitMQ accepts only the connection's own user without the impersonator tag); "+
-			"replay them as their publisher's user, or without their user_id if the consumer does not take the tenant from it", res.UserIDRefused, opts.Queue, ErrForeignUserID)
+	var errs []error
+	if res.Old > 0 {
+		errs = append(errs, fmt.Errorf("%d dead letter(s) stay in %s, %w", res.Old, opts.Queue, ErrOlderThanRetention))
 	}
-	return res, nil
+	if res.UserIDRefused > 0 {
+		errs = append(errs, fmt.Errorf("%d dead letter(s) stay in %s: %w (RabbitMQ accepts only the connection's own user without the impersonator tag); "+
+			"replay them as their publisher's user, or without their user_id if the consumer does not take the tenant from it", res.UserIDRefused, opts.Queue, ErrForeignUserID))
+	}
+	return res, errors.Join(errs...)
 }
 
 // User returns the user conn authenticated as (PLAIN or AMQPLAIN), "" when

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 // setup declares a work queue and its DLQ and fills the DLQ with n dead
-// letters, alternating two reasons.
+// letters, alternating two reasons (both of which a replay may cure).
 func setup(t *testing.T, n int) (*amqp.Connection, string) {
 	t.Helper()
 	q := testamqp.Name(t, "dlqpkg")
@@ -40,7 +40,7 @@ func setup(t *testing.T, n int) (*amqp.Connection, string) {
 		}
 	}
 	for i := range n {
-		reason := []string{"idempotency_key_reuse", "permanent_error"}[i%2]
+		reason := []string{"max_attempts_exceeded", "permanent_error"}[i%2]
 		testamqp.Publish(t, ch, "", dlq.Name(q), amqp.Publishing{
 			MessageId: fmt.Sprintf("m-%d", i), Body: []byte("x"),
 			Headers: amqp.Table{wire.HeaderReason: reason, wire.HeaderAttempt: int32(3)},
@@ -82,7 +82,7 @@ func TestListLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.InQueue != 6 || len(res.Letters) != 4 || res.ByReason["idempotency_key_reuse"] != 2 || res.Letters[0].MessageID != "m-0" {
+	if res.InQueue != 6 || len(res.Letters) != 4 || res.ByReason["max_attempts_exceeded"] != 2 || res.Letters[0].MessageID != "m-0" {
 		t.Fatalf("list: %+v", res)
 	}
 	waitReady(t, conn, dlq.Name(q), 6)
@@ -97,7 +97,7 @@ func TestReplayStopsAfterTheMessageInHand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res, err := dlq.Replay(ctx, conn, dlq.ReplayOptions{
-		Queue: dlq.Name(q), Target: q, Reason: "idempotency_key_reuse",
+		Queue: dlq.Name(q), Target: q, Reason: "max_attempts_exceeded",
 		Progress: func(r dlq.ReplayResult) {
 			if r.Replayed == 2 {
 				cancel() // SIGINT after the second replayed message

@@ -31,6 +31,11 @@ type letterView struct {
 	FirstSeen, Error          string
 	OriginalExchange, OrigKey string
 	BodySize                  int
+	// Doomed says why a replay of it would come straight back ("" when it
+	// may succeed); Old marks a letter older than the key retention (its
+	// key may be gone: it would run again).
+	Doomed string
+	Old    bool
 }
 
 type deadLettersView struct {
@@ -43,6 +48,8 @@ type deadLettersView struct {
 	Letters  []letterView
 	Err      string
 	ShowKeys bool
+	// Retention is the key retention letters are marked older than.
+	Retention time.Duration
 }
 
 // queueOf returns the configured queue named by the request's queue parameter.
@@ -120,7 +127,8 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	v := deadLettersView{Queue: q.Topology.Queue, Consumer: q.Consumer, Reason: r.FormValue("reason"), ShowKeys: s.cfg.ShowKeys}
+	v := deadLettersView{Queue: q.Topology.Queue, Consumer: q.Consumer, Reason: r.FormValue("reason"), ShowKeys: s.cfg.ShowKeys,
+		Retention: s.cfg.KeyRetention}
 	counts := reasonCounts{}
 	n, read, err := s.scanLetters(ctx, q, func(m dlq.Message) bool {
 		counts.add(m.Reason)
@@ -152,6 +160,7 @@ func (s *Server) letterView(q Queue, m dlq.Message) letterView {
 	v := letterView{
 		ID: m.ID, Tenant: tenant, Reason: m.Reason, ByBroker: m.ByBroker, FirstSeen: m.FirstSeen, Error: m.Error,
 		OriginalExchange: m.OriginalExchange, OrigKey: m.OriginalRoutingKey, BodySize: m.BodySize, Attempts: "-",
+		Doomed: dlq.Doomed(m.Reason), Old: dlq.OlderThan(m.Letter, s.cfg.KeyRetention, time.Now()),
 	}
 	if key != "" {
 		v.KeyHash = dedup.Scope{Consumer: q.Consumer, Tenant: tenant, Key: key}.KeyHash()
@@ -269,10 +278,20 @@ type replayConfirmView struct {
 	// ForeignUserID counts the letters with a user_id the UI's broker user
 	// may not publish (dlq.UserIDPolicy): the page offers to drop it.
 	ForeignUserID int
-	IDs           []string
-	Letters       []letterView
-	Token         string
+	// Doomed counts the letters whose reason cannot succeed unchanged, with
+	// why by reason; Old those older than the key retention (Retention).
+	// Unless the operator ticks their box, they stay in the DLQ.
+	Doomed    int
+	DoomedWhy []reasonWhy
+	Old       int
+	Retention time.Duration
+	IDs       []string
+	Letters   []letterView
+	Token     string
 }
+
+// reasonWhy is a reason whose letters cannot succeed unchanged, and why.
+type reasonWhy struct{ Reason, Why string }
 
 // replayConfirm shows what a replay will move, and the button that does it.
 func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +308,8 @@ func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
 	if len(ids) > 0 {
 		reason = ""
 	}
-	v := replayConfirmView{Reason: reason}
+	v := replayConfirmView{Reason: reason, Retention: s.cfg.KeyRetention}
+	doomed := map[string]string{}
 	user := ""
 	if conn, err := s.amqpConn(); err == nil {
 		user = dlq.User(conn)
@@ -302,14 +322,25 @@ func (s *Server) replayConfirm(w http.ResponseWriter, r *http.Request) {
 		case len(ids) > 0 || m.Reason != reason:
 			return true
 		}
-		v.Letters = append(v.Letters, s.letterView(q, m))
+		l := s.letterView(q, m)
+		v.Letters = append(v.Letters, l)
 		if !wire.UserIDAllowed(m.UserID, user) {
 			v.ForeignUserID++
+		}
+		if l.Doomed != "" {
+			v.Doomed++
+			doomed[l.Reason] = l.Doomed
+		}
+		if l.Old {
+			v.Old++
 		}
 		return true
 	})
 	if !ok {
 		return
+	}
+	for _, r := range slices.Sorted(maps.Keys(doomed)) {
+		v.DoomedWhy = append(v.DoomedWhy, reasonWhy{r, doomed[r]})
 	}
 	v.Queue, v.Token = q.Topology.Queue, s.ops.issue()
 	v.Count = len(v.Letters)
@@ -338,9 +369,11 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	reason := r.PostForm.Get("reason")
 	count, _ := strconv.Atoi(r.PostForm.Get("count"))
-	opts := dlq.ReplayOptions{Queue: q.Topology.DLQ, Target: q.Topology.Queue, Logger: s.log}
+	opts := dlq.ReplayOptions{Queue: q.Topology.DLQ, Target: q.Topology.Queue, Logger: s.log, Retention: s.cfg.KeyRetention,
+		// The operator ticked these on the confirmation page.
+		Doomed: r.PostForm.Get("doomed") == "1", OlderThanRetention: r.PostForm.Get("older") == "1"}
 	if r.PostForm.Get("drop_user_id") == "1" {
-		opts.UserID = dlq.UserIDDrop // the operator ticked it on the confirmation page
+		opts.UserID = dlq.UserIDDrop
 	}
 	what := ""
 	if ids := r.PostForm["id"]; len(ids) > 0 {
@@ -393,7 +426,12 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		j.interrupted = res.Interrupted
 		j.mu.Unlock()
 		s.log.Info("ui: replay", "queue", q.Topology.Queue, "replayed", res.Replayed, "skipped", res.Skipped,
+			"doomed", res.Doomed, "older_than_retention", res.Old,
 			"user_id_dropped", res.UserIDDropped, "user_id_refused", res.UserIDRefused, "err", errText(err))
+		if errors.Is(err, dlq.ErrOlderThanRetention) && !errors.Is(err, dlq.ErrForeignUserID) {
+			// Left as the operator chose (the box not ticked): counted, not a failure.
+			err = nil
+		}
 		return err
 	})
 	if errors.Is(err, errBusy) {

@@ -22,9 +22,11 @@ type job struct {
 	// userIDDropped and userIDRefused count the letters replayed without
 	// their user_id, and those left in the DLQ for it (dlq.UserIDPolicy).
 	userIDDropped, userIDRefused int
-	done, interrupted            bool
-	err                          string
-	finished                     time.Time
+	// doomed and old count the letters left for their reason, and for their age.
+	doomed, old       int
+	done, interrupted bool
+	err               string
+	finished          time.Time
 }
 
 // jobState is a job's progress as its page shows it.
@@ -32,6 +34,7 @@ type jobState struct {
 	ID, Queue, What                string
 	Total, Read, Replayed, Skipped int
 	UserIDDropped, UserIDRefused   int
+	Doomed, Old                    int
 	Done, Interrupted              bool
 	Err                            string
 	Started, Finished              time.Time
@@ -41,13 +44,14 @@ func (j *job) state() jobState {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return jobState{ID: j.ID, Queue: j.Queue, What: j.What, Total: j.total, Read: j.read, Replayed: j.replayed,
-		Skipped: j.skipped, UserIDDropped: j.userIDDropped, UserIDRefused: j.userIDRefused, Done: j.done, Interrupted: j.interrupted, Err: j.err, Started: j.Started, Finished: j.finished}
+		Skipped: j.skipped, UserIDDropped: j.userIDDropped, UserIDRefused: j.userIDRefused, Doomed: j.doomed, Old: j.old, Done: j.done, Interrupted: j.interrupted, Err: j.err, Started: j.Started, Finished: j.finished}
 }
 
 // progress records the counts of a replay; j.mu is held.
 func (j *job) progress(res dlq.ReplayResult) {
 	j.read, j.replayed, j.userIDDropped, j.userIDRefused = res.Read, res.Replayed, res.UserIDDropped, res.UserIDRefused
-	j.skipped = res.Read - res.Replayed // not chosen, or left for their user_id
+	j.doomed, j.old = res.Doomed, res.Old
+	j.skipped = res.Read - res.Replayed - res.Doomed - res.Old // not chosen, or left for their user_id
 }
 
 // jobs are the replays started: at most one running per queue, so that two

@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 )
 
 // pageNames are the templates under templates/, each rendered inside base.html.
@@ -41,6 +43,8 @@ var funcs = template.FuncMap{
 		}
 		return age(d) + " ago"
 	},
+	// doomed says why a replay of reason's letters would come straight back.
+	"doomed": dlq.Doomed,
 	"dash": func(s string) string {
 		if s == "" {
 			return "-"

@@ -90,6 +90,11 @@ type Config struct {
 	LetterLimit int
 	// BodyLimit bounds the bytes of a body shown. Default DefaultBodyLimit.
 	BodyLimit int
+	// KeyRetention is the key store's retention (idemq gc --retention): a
+	// dead letter older than it is marked, and replayed only when the
+	// operator ticks it (its key may be gone: it would run again). Default
+	// dedup.DefaultRetention.
+	KeyRetention time.Duration
 	// Health bounds what the overview and /api/health flag as backing up.
 	Health HealthLimits
 	// Logger receives the server's logs. Default slog.Default().
@@ -144,6 +149,7 @@ func New(cfg Config) (*Server, error) {
 	cfg.KeyHeader = cmp.Or(cfg.KeyHeader, consumer.DefaultKeyHeader)
 	cfg.TenantHeader = cmp.Or(cfg.TenantHeader, consumer.DefaultTenantHeader)
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
+	cfg.KeyRetention = cmp.Or(cfg.KeyRetention, dedup.DefaultRetention)
 	s := &Server{cfg: cfg, queues: map[string]Queue{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		sessions: newSessions(time.Now), jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
 	var err error
