@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,8 @@ func TestDLQReplayGuards(t *testing.T) {
 	topo := consumer.NewTopology(consumer.TopologyConfig{Queue: queue})
 	queues, exchanges := topo.Names()
 	testamqp.DeleteQueuesAtCleanup(t, queues, exchanges)
-	mustRun(t, env("idemq"), "topology", "apply", "--queue", queue)
+	schema := newSchema(t)
+	mustRun(t, env(schema), "topology", "apply", "--queue", queue)
 	conn := testamqp.Dial(t)
 	ch := testamqp.Channel(t, conn)
 	now := time.Now()
@@ -51,23 +53,44 @@ func TestDLQReplayGuards(t *testing.T) {
 	}
 	waitDepth(topo.DLQ, 3)
 
-	r := idemq(t, env("idemq"), "dlq", "replay", "--queue", queue)
+	r := idemq(t, env(schema), "dlq", "replay", "--queue", queue)
 	if r.code != 1 || !strings.Contains(r.stdout, "replayed 1, skipped 0, 1 left: their reason cannot succeed unchanged (--allow-doomed), 1 left: older than the key retention (24h0m0s)") ||
 		!strings.Contains(r.stderr, "their key may be gone, and they would run again; --older-than-retention replays them") {
 		t.Fatalf("dlq replay: %s", r)
 	}
 	waitDepth(topo.DLQ, 2)
 	waitDepth(queue, 1)
-	r = mustRun(t, env("idemq"), "dlq", "replay", "--queue", queue, "--older-than-retention")
+	r = mustRun(t, env(schema), "dlq", "replay", "--queue", queue, "--older-than-retention")
 	if !strings.Contains(r.stdout, "replayed 1, skipped 0, 1 left: their reason cannot succeed unchanged") {
 		t.Fatalf("dlq replay --older-than-retention: %s", r)
 	}
 	waitDepth(queue, 2)
 	waitDepth(topo.DLQ, 1) // the letter left is back
-	r = mustRun(t, env("idemq"), "dlq", "replay", "--queue", queue, "--reason", consumer.ReasonKeyReuse, "--allow-doomed")
+	r = mustRun(t, env(schema), "dlq", "replay", "--queue", queue, "--reason", consumer.ReasonKeyReuse, "--allow-doomed")
 	if strings.TrimSpace(r.stdout) != "replayed 1, skipped 0" {
 		t.Fatalf("dlq replay --allow-doomed: %s", r)
 	}
 	waitDepth(queue, 3)
 	waitDepth(topo.DLQ, 0)
+
+	// Each replay is in the audit, under the OS user, with what it moved.
+	r = mustRun(t, env(schema), "audit", "--json")
+	var entries []struct {
+		Actor, Via, Action, Target, Result string
+		Count                              int
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &entries); err != nil || len(entries) != 3 {
+		t.Fatalf("audit: %v\n%s", err, r.stdout)
+	}
+	for i, want := range []struct {
+		count  int
+		result string
+	}{{1, "ok"}, {1, "ok"}, {1, "1 dead letter(s) stay in " + topo.DLQ + ", older than the key retention: their key may be gone, and they would run again"}} {
+		if e := entries[i]; e.Action != "dlq.replay" || e.Via != "cli" || e.Actor == "" || e.Target != queue || e.Count != want.count || e.Result != want.result {
+			t.Errorf("audit entry %d: %+v, want %d and %q", i, e, want.count, want.result)
+		}
+	}
+	if r := mustRun(t, env(schema), "audit"); !strings.Contains(r.stdout, "dlq.replay") || !strings.Contains(r.stdout, "AT ") {
+		t.Errorf("audit text: %s", r)
+	}
 }

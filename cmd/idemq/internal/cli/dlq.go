@@ -11,13 +11,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // doomedReasons are the reasons whose letters cannot succeed unchanged.
@@ -221,12 +224,37 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if retention <= 0 {
 				return usagef("--key-retention %s must be positive", retention)
 			}
+			// Recorded before it starts: a replay that cannot be recorded does not run.
+			ctx := cmd.Context()
+			pool, err := a.openStorePool(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
 			conn, err := a.dialAMQP("idemq-dlq-replay")
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
+			what := "every dead letter"
+			if reason != "" {
+				what = "the dead letters with reason " + reason
+			}
+			if limit > 0 {
+				what += fmt.Sprintf(", at most %d", limit)
+			}
+			rec := audit.New(pool, a.schema)
+			entry, err := rec.Begin(ctx, audit.Action{Actor: audit.OSUser(), Via: audit.ViaCLI, Action: audit.ActionReplay, Target: queue, What: what})
+			if err != nil {
+				return err
+			}
+			var digests []string
 			opts := dlq.ReplayOptions{
+				Replayed: func(d *amqp.Delivery) {
+					if key, _ := wire.ReadKey(d, consumer.DefaultKeyHeader); key != "" {
+						digests = append(digests, audit.KeyDigest(key))
+					}
+				},
 				Queue: dlq.Name(queue), Target: queue, Reason: reason, Limit: limit, ConfirmTimeout: timeout, Logger: a.log,
 				Doomed: allowDoomed, Retention: retention, OlderThanRetention: older,
 			}
@@ -255,9 +283,14 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 					_ = bar.Set(res.Read)
 				}
 			}
-			res, err := dlq.Replay(cmd.Context(), conn, opts)
+			res, err := dlq.Replay(ctx, conn, opts)
 			if bar != nil {
 				_ = bar.Finish()
+			}
+			if err == nil && res.Interrupted {
+				a.endAudit(rec, entry, res.Replayed, errors.New("interrupted"), digests)
+			} else {
+				a.endAudit(rec, entry, res.Replayed, err, digests)
 			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d", res.Replayed, res.Skipped)
 			if res.UserIDDropped > 0 {

@@ -4,12 +4,12 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/internal/ordering"
 )
 
@@ -137,8 +137,15 @@ that the missing sequences will never take effect.`,
 				return err
 			}
 			defer pool.Close()
-			operator := cmp.Or(by, os.Getenv("USER"), "unknown")
+			operator := cmp.Or(by, audit.OSUser())
+			rec := audit.New(pool, a.schema)
+			entry, err := rec.Begin(ctx, audit.Action{Actor: operator, Via: audit.ViaCLI, Action: audit.ActionSkip, Target: skipConsumer,
+				What: fmt.Sprintf("ordering key %q (tenant %q) to %d", skipKey, skipTenant, to)})
+			if err != nil {
+				return err
+			}
 			from, err := ordering.Skip(ctx, pool, a.schema, ordering.Scope{Consumer: skipConsumer, Tenant: skipTenant, Key: skipKey}, to, operator, note)
+			a.endAudit(rec, entry, 1, err, nil)
 			if errors.Is(err, ordering.ErrSkipBackwards) {
 				return usagef("ordering key %q: %v", skipKey, err)
 			}
@@ -155,7 +162,7 @@ that the missing sequences will never take effect.`,
 	kf.StringVar(&skipKey, "key", "", "the ordering key (x-ordering-key) (required)")
 	kf.StringVar(&skipTenant, "tenant", "", "its tenant")
 	kf.Int64Var(&to, "to", 0, "the sequence that counts as the last applied from now on (required)")
-	kf.StringVar(&by, "by", "", "who skips, for the record (default: $USER)")
+	kf.StringVar(&by, "by", "", "who skips, for the record and the audit (default: the OS user)")
 	kf.StringVar(&note, "note", "", "why, for the record")
 	requireFlags(skip, "consumer", "key", "to")
 	return group("order", "See and unblock ordered keys (x-ordering-key, x-sequence)", "", status, skip)

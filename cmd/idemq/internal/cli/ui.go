@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -56,9 +57,12 @@ the last hour, a stalled partition, blocked ordering keys. GET /api/health
 gives the same checks as JSON (503 while one is critical), for scripts and
 alerting, with the same token.
 
-It listens on loopback unless --auth-token-file is given: the file holds a
-token that every request must carry, as "Authorization: Bearer <token>" or
-from the session cookie the login form sets (a session ends at logout, after
+It listens on loopback unless --auth-token-file is given: the file holds the
+tokens of which every request must carry one, one per line as "NAME TOKEN"
+(or a lone TOKEN, named "token"; # starts a comment), as "Authorization:
+Bearer <token>" or from the session cookie the login form sets; what an
+operator changes is recorded in the audit (idemq audit) under the token's
+name (a session ends at logout, after
 an hour unused, 12 hours after the login, or when the UI stops). It answers
 only requests whose Host is the listen address, localhost or an IP it is
 reached at, or a name given with --allow-host; others get 421 (a page whose
@@ -74,17 +78,17 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
   idemq ui --queue ledger=project --partitions 4`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
-			var token string
+			var tokens []ui.Token
 			if tokenFile != "" {
 				b, err := os.ReadFile(tokenFile)
 				if err != nil {
 					return usagef("--auth-token-file: %w", err)
 				}
-				if token = strings.TrimSpace(string(b)); len(token) < 16 {
-					return usagef("--auth-token-file %s: the token must be at least 16 characters", tokenFile)
+				if tokens, err = parseTokens(string(b)); err != nil {
+					return usagef("--auth-token-file %s: %w", tokenFile, err)
 				}
 			}
-			if err := ui.CheckListen(listen, token != ""); err != nil {
+			if err := ui.CheckListen(listen, len(tokens) > 0); err != nil {
 				return usagef("--listen: %w", err)
 			}
 			if _, err := hostguard.New(listen, allowHosts); err != nil {
@@ -119,7 +123,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
 				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
 				Listen: listen, AllowHosts: allowHosts,
-				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, Logger: a.log,
+				Tokens: tokens, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, Logger: a.log,
 			})
 			if err != nil {
 				return err
@@ -152,4 +156,40 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.IntVar(&topo.partitions, "partitions", 0, "the queues' --partitions: show each of Q.p0 … Q.p{N-1}, its active consumer and the blocked ordering keys (0: not partitioned)")
 	topo.deliveryLimit = consumer.DefaultDeliveryLimit
 	return cmd
+}
+
+// parseTokens reads the UI's tokens file: one token per line, "NAME TOKEN"
+// or a lone TOKEN (named ui.DefaultTokenName); blank lines and lines
+// starting with # are skipped. Each token is at least 16 characters, and
+// names and tokens are unique.
+func parseTokens(text string) ([]ui.Token, error) {
+	var out []ui.Token
+	names, secrets := map[string]bool{}, map[string]bool{}
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		t := ui.Token{Name: ui.DefaultTokenName}
+		switch f := strings.Fields(line); len(f) {
+		case 1:
+			t.Secret = f[0]
+		case 2:
+			t.Name, t.Secret = f[0], f[1]
+		default:
+			return nil, fmt.Errorf("line %d: want NAME TOKEN, or a lone TOKEN", i+1)
+		}
+		if len(t.Secret) < 16 {
+			return nil, fmt.Errorf("line %d: the token must be at least 16 characters", i+1)
+		}
+		if names[t.Name] || secrets[t.Secret] {
+			return nil, fmt.Errorf("line %d: a name or token given twice", i+1)
+		}
+		names[t.Name], secrets[t.Secret] = true, true
+		out = append(out, t)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no token in it")
+	}
+	return out, nil
 }

@@ -292,6 +292,9 @@ type ReplayOptions struct {
 	// OlderThanRetention. 0: ages are not checked.
 	Retention          time.Duration
 	OlderThanRetention bool
+	// Replayed, when set, is called with each dead letter once its copy is
+	// confirmed (the audit records the keys of the messages replayed).
+	Replayed func(d *amqp.Delivery)
 	// Logger receives a line for each letter replayed without its user_id
 	// or left for it (its id, never its key). Default slog.Default().
 	Logger *slog.Logger
@@ -411,6 +414,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, opts ReplayOptions) (Rep
 			}
 			res.Replayed++
 			res.ByReason[l.Reason]++
+			if opts.Replayed != nil {
+				opts.Replayed(&d)
+			}
 			if dropped {
 				res.UserIDDropped++
 				log.Info("dlq: replayed a dead letter without its user_id, which the replaying user may not publish",

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -26,19 +27,48 @@ const (
 	maxForm = 1 << 20
 )
 
-// secrets are what the server checks requests against: the token and the
+// Token is a secret that opens the UI, and the name under which what its
+// holder changes is recorded (the audit's actor).
+type Token struct {
+	Name, Secret string
+}
+
+// DefaultTokenName is the name of Config.Token.
+const DefaultTokenName = "token"
+
+// secrets are what the server checks requests against: the tokens and the
 // key CSRF tokens are made with.
 type secrets struct {
-	token   string
+	tokens  []Token
 	csrfKey []byte
 }
 
-func newSecrets(token string) (secrets, error) {
-	s := secrets{token: token, csrfKey: make([]byte, 32)}
+func newSecrets(tokens []Token) (secrets, error) {
+	s := secrets{tokens: tokens, csrfKey: make([]byte, 32)}
+	for _, t := range tokens {
+		if t.Name == "" || t.Secret == "" {
+			return s, errors.New("a token needs a name and a secret")
+		}
+	}
 	if _, err := rand.Read(s.csrfKey); err != nil {
 		return s, fmt.Errorf("csrf key: %w", err)
 	}
 	return s, nil
+}
+
+// required reports whether requests must carry a token.
+func (s secrets) required() bool { return len(s.tokens) > 0 }
+
+// match returns the name of the token cred is, comparing with every token
+// in constant time.
+func (s secrets) match(cred string) (string, bool) {
+	name := ""
+	for _, t := range s.tokens {
+		if equal(cred, t.Secret) && name == "" {
+			name = t.Name
+		}
+	}
+	return name, name != ""
 }
 
 // bearer returns the credentials of r's Authorization header when its
@@ -51,18 +81,34 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(cred), true
 }
 
-// authenticated reports whether r carries the token (bearer) or the cookie
-// of a live session; always true when no token is configured. A bearer
-// token decides alone: a wrong one is not saved by a cookie.
+// authenticated reports whether r carries a token (bearer) or the cookie
+// of a live session; always true when no token is configured.
 func (s *Server) authenticated(r *http.Request) bool {
-	if s.secrets.token == "" {
-		return true
+	_, ok := s.who(r)
+	return ok
+}
+
+// who returns the name of the token r carries (bearer), or that its
+// session was opened with, and whether r is authenticated. A bearer token
+// decides alone: a wrong one is not saved by a cookie. Without tokens
+// configured every request is, under the name "anonymous@" and its
+// client's address.
+func (s *Server) who(r *http.Request) (string, bool) {
+	if !s.secrets.required() {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			host = r.RemoteAddr
+		}
+		return "anonymous@" + host, true
 	}
 	if cred, ok := bearer(r); ok {
-		return equal(cred, s.secrets.token)
+		return s.secrets.match(cred)
 	}
 	c, err := r.Cookie(sessionCookie)
-	return err == nil && s.sessions.valid(c.Value)
+	if err != nil {
+		return "", false
+	}
+	return s.sessions.valid(c.Value)
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -140,7 +186,7 @@ type loginView struct {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	if s.secrets.token == "" {
+	if !s.secrets.required() {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -149,11 +195,12 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := localPath(r.PostForm.Get("next"))
-	if s.secrets.token == "" {
+	if !s.secrets.required() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !equal(strings.TrimSpace(r.PostForm.Get("token")), s.secrets.token) {
+	name, ok := s.secrets.match(strings.TrimSpace(r.PostForm.Get("token")))
+	if !ok {
 		s.render(w, r, http.StatusUnauthorized, "login", "Log in", loginView{Next: next, Failed: true})
 		return
 	}
@@ -161,7 +208,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		s.sessions.end(c.Value)
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.start(), Path: "/",
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.start(name), Path: "/",
 		MaxAge: int(sessionLifetime / time.Second), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
@@ -229,6 +276,8 @@ type sessions struct {
 }
 
 type session struct {
+	// name is the name of the token the session was opened with.
+	name          string
 	started, used time.Time
 }
 
@@ -236,8 +285,9 @@ func newSessions(now func() time.Time) *sessions {
 	return &sessions{now: now, byID: map[string]*session{}}
 }
 
-// start begins a session and returns its id: 32 random bytes, hex.
-func (ss *sessions) start() string {
+// start begins a session opened with the token named name and returns its
+// id: 32 random bytes, hex.
+func (ss *sessions) start(name string) string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b) // crypto/rand.Read does not fail (Go 1.24)
 	id := hex.EncodeToString(b)
@@ -258,25 +308,26 @@ func (ss *sessions) start() string {
 		}
 		delete(ss.byID, oldest)
 	}
-	ss.byID[id] = &session{started: now, used: now}
+	ss.byID[id] = &session{name: name, started: now, used: now}
 	return id
 }
 
-// valid reports whether id is a live session's, and counts a use of it.
-func (ss *sessions) valid(id string) bool {
+// valid reports whether id is a live session's, with the name of the
+// token it was opened with, and counts a use of it.
+func (ss *sessions) valid(id string) (string, bool) {
 	now := ss.now()
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	s, ok := ss.byID[id]
 	if !ok {
-		return false
+		return "", false
 	}
 	if s.expired(now) {
 		delete(ss.byID, id)
-		return false
+		return "", false
 	}
 	s.used = now
-	return true
+	return s.name, true
 }
 
 // end ends the session id, if there is one.

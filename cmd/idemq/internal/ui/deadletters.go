@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/wire"
@@ -405,6 +406,22 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
+	if j := s.jobs.runningFor(q.Topology.Queue); j != nil {
+		s.fail(w, r, http.StatusConflict, fmt.Errorf("%w (job %s): wait for it to end", errBusy, j.ID))
+		return
+	}
+	// Recorded before it starts: a replay that cannot be recorded does not run.
+	entry, err := s.begin(r.Context(), r, audit.ActionReplay, q.Topology.Queue, what)
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	var digests []string
+	opts.Replayed = func(d *amqp.Delivery) {
+		if key, _ := wire.ReadKey(d, s.cfg.KeyHeader); key != "" {
+			digests = append(digests, audit.KeyDigest(key))
+		}
+	}
 	j, err := s.jobs.start(q.Topology.Queue, what, func(ctx context.Context, j *job) error {
 		opts.Start = func(total int) {
 			j.mu.Lock()
@@ -432,8 +449,16 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 			// Left as the operator chose (the box not ticked): counted, not a failure.
 			err = nil
 		}
+		if err == nil && res.Interrupted {
+			s.end(entry, res.Replayed, errInterrupted, digests)
+		} else {
+			s.end(entry, res.Replayed, err, digests)
+		}
 		return err
 	})
+	if err != nil {
+		s.end(entry, 0, err, nil)
+	}
 	if errors.Is(err, errBusy) {
 		s.fail(w, r, http.StatusConflict, fmt.Errorf("%w (job %s): wait for it to end", err, j.ID))
 		return

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -128,7 +129,13 @@ func (s *Server) unpark(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
+	entry, err := s.begin(ctx, r, audit.ActionUnpark, "outbox", fmt.Sprintf("%d chosen parked row(s)", len(ids)))
+	if err != nil {
+		s.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
 	n, err := s.outbox.Unpark(ctx, ids...)
+	s.end(entry, int(n), err, nil)
 	if err != nil {
 		s.fail(w, r, http.StatusBadGateway, err)
 		return

@@ -16,7 +16,7 @@ import (
 )
 
 // pageNames are the templates under templates/, each rendered inside base.html.
-var pageNames = []string{"overview", "dlq", "letter", "replay_confirm", "job", "keys", "outbox", "unpark_confirm", "login", "error"}
+var pageNames = []string{"overview", "dlq", "letter", "replay_confirm", "job", "keys", "outbox", "unpark_confirm", "audit", "login", "error"}
 
 var funcs = template.FuncMap{
 	"ts": func(t any) string {
@@ -120,7 +120,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, name, 
 func (s *Server) renderRefresh(w http.ResponseWriter, r *http.Request, code int, name, title string, p any, refresh time.Duration) {
 	v := view{
 		Title: title, CSRF: s.csrfToken(w, r), ReadOnly: s.cfg.ReadOnly,
-		Auth: s.secrets.token != "" && s.authenticated(r), Refresh: int(refresh.Seconds()), Page: p,
+		Auth: s.secrets.required() && s.authenticated(r), Refresh: int(refresh.Seconds()), Page: p,
 	}
 	for _, q := range s.shown {
 		v.Queues = append(v.Queues, navQueue{Name: q.Topology.Queue, Partitioned: len(q.Topology.Partitions) > 0})

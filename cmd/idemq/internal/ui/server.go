@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/hostguard"
@@ -72,8 +73,12 @@ type Config struct {
 	// list. A request naming another host gets 421 Misdirected Request.
 	AllowHosts []string
 	// Token, when set, is required of every request (bearer or session
-	// cookie set by the login form).
+	// cookie set by the login form), as one of Tokens, named
+	// DefaultTokenName.
 	Token string
+	// Tokens, when set, are the tokens of which every request must carry
+	// one; a change is recorded in the audit under its token's name.
+	Tokens []Token
 	// ReadOnly refuses every change (replay, unpark).
 	ReadOnly bool
 	// ShowKeys shows raw keys (message_id, Idempotency-Key) where the UI
@@ -136,6 +141,8 @@ type Server struct {
 
 	// arrivals are the dead letters seen coming into each DLQ.
 	arrivals arrivals
+	// audit records what the operators change.
+	audit *audit.Recorder
 }
 
 // New returns the server cfg describes.
@@ -162,6 +169,7 @@ func New(cfg Config) (*Server, error) {
 	if s.outbox, err = outbox.New(cfg.Pool, &outbox.Config{Schema: cfg.Schema}); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
+	s.audit = audit.New(cfg.Pool, s.store.Config().Schema)
 	for _, q := range cfg.Queues {
 		for _, p := range q.Topology.Partitions {
 			s.queues[p.Queue] = Queue{Topology: p, Consumer: q.Consumer}
@@ -173,7 +181,11 @@ func New(cfg Config) (*Server, error) {
 	byName := func(a, b Queue) int { return strings.Compare(a.Topology.Queue, b.Topology.Queue) }
 	s.shown = slices.CompactFunc(slices.SortedStableFunc(slices.Values(cfg.Queues), byName),
 		func(a, b Queue) bool { return byName(a, b) == 0 })
-	if s.secrets, err = newSecrets(cfg.Token); err != nil {
+	tokens := slices.Clone(cfg.Tokens)
+	if cfg.Token != "" {
+		tokens = append(tokens, Token{Name: DefaultTokenName, Secret: cfg.Token})
+	}
+	if s.secrets, err = newSecrets(tokens); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
 	if s.pages, err = parsePages(); err != nil {
@@ -217,6 +229,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /keys", s.keyLookup)
 	mux.HandleFunc("POST /keys", s.keyLookup)
 	mux.HandleFunc("GET /outbox", s.outboxPage)
+	mux.HandleFunc("GET /audit", s.auditPage)
 	mux.HandleFunc("POST /outbox/unpark/confirm", s.changing(s.unparkConfirm))
 	mux.HandleFunc("POST /outbox/unpark", s.changing(s.unpark))
 	cop := http.NewCrossOriginProtection()
