@@ -18,7 +18,9 @@ import (
 func TestChangesAreAudited(t *testing.T) {
 	t.Parallel()
 	const alice = "alice-token-0123456789"
-	e := newEnv(t, func(c *ui.Config) { c.Tokens = []ui.Token{{Name: "alice", Secret: alice}, {Name: "bob", Secret: "bob-token-0123456789ab"}} })
+	e := newEnv(t, func(c *ui.Config) {
+		c.Tokens = []ui.Token{{Name: "alice", Secret: alice}, {Name: "bob", Secret: "bob-token-0123456789ab"}}
+	})
 	csrf := field(t, csrfInput, e.get("/login").body)
 	if p := e.post("/login", url.Values{"csrf": {csrf}, "token": {alice}, "next": {"/"}}); p.code != http.StatusSeeOther {
 		t.Fatalf("login: %d\n%s", p.code, p.body)
