@@ -178,6 +178,9 @@ func TestOrderStatusAndSkip(t *testing.T) {
 	if !strings.Contains(r.stdout, "1 → 2") {
 		t.Errorf("order skip: %s", r)
 	}
+	if r := mustRun(t, env(schema), "audit", "--action", "order.skip"); !strings.Contains(r.stdout, "oncall") || !strings.Contains(r.stdout, `ordering key "acct-7" (tenant "") to 2`) {
+		t.Errorf("the skip is not in the audit: %s", r)
+	}
 	r = mustRun(t, env(schema), "order", "status", "--consumer", "skipper", "--key", "acct-7")
 	if !strings.Contains(r.stdout, "blocked       no") && !strings.Contains(r.stdout, "blocked\tno") && !strings.Contains(r.stdout, "no\n") {
 		t.Errorf("after the skip: %s", r)
