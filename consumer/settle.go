@@ -82,7 +82,7 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 		// Another worker owns the key now; its outcome stands. Come back
 		// later: by then the key is completed (a duplicate) or free again.
 		it.ev.Outcome = OutcomeLeaseLost
-		c.retryLater(s, it, c.topo.tierFor(1), herr)
+		c.retryLater(s, it, c.topo.TierFor(1), herr)
 		return
 	}
 	switch reason := c.releaseReason(it, herr, bystander); {
@@ -90,7 +90,7 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 		c.deadLetter(s, it, reason, herr)
 	case bystander:
 		it.ev.Outcome = OutcomeRetried
-		c.retryLater(s, it, c.topo.tierFor(1), herr)
+		c.retryLater(s, it, c.topo.TierFor(1), herr)
 	default:
 		c.retryOrDeadLetter(s, it, herr)
 	}
@@ -172,7 +172,7 @@ func (c *Consumer) retryOrDeadLetter(s *session, it *item, cause error) {
 		return
 	}
 	it.ev.Outcome = OutcomeRetried
-	if c.publishThenAck(s, it, "", c.topo.tierFor(it.attempt), wire.RetryHeaders(it.attempt+1), "idemq retry publish") {
+	if c.publishThenAck(s, it, "", c.topo.TierFor(it.attempt), wire.RetryHeaders(it.attempt+1), "idemq retry publish") {
 		c.metrics.retries.Add(it.ctx, 1, c.metrics.with())
 	}
 }

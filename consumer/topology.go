@@ -312,8 +312,10 @@ func (t Topology) delayFor(n int) time.Duration {
 	return t.Delays[len(t.Delays)-1]
 }
 
-// tierFor returns the tier queue holding messages for the retry after attempt n.
-func (t Topology) tierFor(n int) string { return t.TierName(t.delayFor(n)) }
+// TierFor returns the retry tier a message waits in after its attempt n
+// (1-based) failed, before its next attempt: the tier of the nth delay, the
+// longest for the attempts beyond.
+func (t Topology) TierFor(n int) string { return t.TierName(t.delayFor(n)) }
 
 // tierAtLeast returns the shortest tier whose delay is at least d (the
 // longest if none is): where busy keys wait for a lease to end.
