@@ -21,7 +21,7 @@ export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 # (integration/browser) are five modules tied by go.work; a pattern names each.
 PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integration/browser/...
 
-.PHONY: help up test lint demo bench scale chaos cluster cluster-up cluster-down fuzz build jaeger tidy
+.PHONY: help up test lint demo bench scale chaos cluster cluster-up cluster-down fuzz build jaeger tidy screenshots
 
 help: ## Show this list of targets
 	@echo 'Usage: make <target> [TESTFLAGS=...] [ARGS=...]'
@@ -116,6 +116,10 @@ FUZZ_TARGETS := dedup:FuzzValidateKey dedup:FuzzJSONFieldsFingerprint \
 	internal/wire:FuzzExtractKey internal/wire:FuzzExtractTenant internal/wire:FuzzParseAttempt \
 	internal/wire:FuzzDeadLetterHeaders consumer:FuzzTraceContext \
 	internal/fieldtable:FuzzRoundTrip cmd/idemq/internal/ui:FuzzLocalPath internal/redact:FuzzRedact
+
+screenshots: up ## Take docs/img/ui-*.png anew: the browser tests, writing their screenshots into docs/img
+	@bash deploy/local/ensure-chromium.sh
+	cd integration/browser && IDEMQ_UI_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run 'TestOperator' .
 
 fuzz: ## Fuzz key, tenant, attempt, trace context, fingerprint, dead-letter header parsing and the field-table codec, FUZZTIME (10s) each
 	@for target in $(FUZZ_TARGETS); do \

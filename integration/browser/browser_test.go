@@ -348,12 +348,14 @@ func waitFor(t *testing.T, ctx context.Context, what, cond string) {
 	}
 }
 
-// screenshotDir is where the screenshots go: IDEMQ_UI_SCREENSHOTS, else docs/img.
+// screenshotDir is where the screenshots go: IDEMQ_UI_SCREENSHOTS (make
+// screenshots sets docs/img), else a directory of the test's own, so that a
+// test run leaves the tree as it was.
 func screenshotDir(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv("IDEMQ_UI_SCREENSHOTS")
 	if dir == "" {
-		dir = filepath.Join("..", "..", "docs", "img")
+		return t.TempDir()
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -83,7 +83,7 @@ func (s *Server) assess(v overviewView) health {
 	limits := s.limits()
 	var flags []flag
 	add := func(sev severity, check, subject, link, action, problem string, args ...any) {
-		flags = append(flags, flag{Severity: sev, Check: check, Subject: subject, Link: link, Action: action,
+		flags = append(flags, flag{Severity: sev, Check: check, Subject: subject, Link: link, Action: upperFirst(action),
 			Problem: fmt.Sprintf(problem, args...)})
 	}
 	if v.ScopesErr != "" {
@@ -356,4 +356,12 @@ func (a *arrivals) count(dlq string, now time.Time) (int, time.Time) {
 		since = l.first
 	}
 	return n, since
+}
+
+// upperFirst is s with its first letter in upper case (s is ASCII here).
+func upperFirst(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
 }
