@@ -391,7 +391,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	}
 	pubClosed := pubCh.NotifyClose(make(chan *amqp.Error, 1))
 	if !c.cfg.SkipDeclare {
-		if err := c.topo.Declare(pubCh); err != nil {
+		if err := c.topo.OnBroker(BrokerVersion(conn)).Declare(pubCh); err != nil {
 			var amqpErr *amqp.Error
 			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed || amqpdial.Refused(err) {
 				return &fatalError{err}

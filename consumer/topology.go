@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -241,7 +242,49 @@ type Topology struct {
 	SingleActiveConsumer bool
 	// Partitions are the partitions of a partitioned queue, Q.p0 first.
 	Partitions []Topology
+	// BrokerVersion is the version of the RabbitMQ server the topology is
+	// declared on (its server property "version", BrokerVersion reads it;
+	// OnBroker sets it): on RabbitMQ 4 and later, whose quorum queues have
+	// a delivery limit of 20 unless told otherwise, the DLQ and the retry
+	// tiers are declared with x-delivery-limit -1 (no limit), so that no
+	// read of a DLQ (each returns its letters, which counts a delivery) and
+	// no redelivery drops a letter. "" (and 3.x): the 3.x arguments, with
+	// no limit either way.
+	BrokerVersion string
 }
+
+// BrokerVersion returns the version conn's server gave ("3.10.7",
+// "4.0.5"), "" when it gave none.
+func BrokerVersion(conn *amqp.Connection) string {
+	v, _ := conn.Properties["version"].(string)
+	return v
+}
+
+// OnBroker returns t for the server of version (BrokerVersion), its
+// partitions too.
+func (t Topology) OnBroker(version string) Topology {
+	t.BrokerVersion = version
+	if len(t.Partitions) > 0 {
+		ps := make([]Topology, len(t.Partitions))
+		for i, p := range t.Partitions {
+			ps[i] = p.OnBroker(version)
+		}
+		t.Partitions = ps
+	}
+	return t
+}
+
+// limitsDeliveries reports whether the broker gives quorum queues a
+// delivery limit by default: RabbitMQ 4.0 and later (20), which take -1
+// for no limit; 3.x has no default limit, and refuses -1.
+func (t Topology) limitsDeliveries() bool {
+	major, _, _ := strings.Cut(t.BrokerVersion, ".")
+	n, err := strconv.Atoi(major)
+	return !t.ClassicQueues && err == nil && n >= 4
+}
+
+// noDeliveryLimit is the x-delivery-limit that lifts RabbitMQ 4's default.
+const noDeliveryLimit = int64(-1)
 
 // NewTopology returns the topology cfg shapes (defaults applied).
 func NewTopology(cfg TopologyConfig) Topology {
@@ -383,17 +426,48 @@ func (t Topology) WorkQueueArgs() amqp.Table {
 	return t.queueArgs(work)
 }
 
-// TierArgs are the arguments Declare gives the retry tier of delay d.
+// TierArgs are the arguments Declare gives the retry tier of delay d: on
+// RabbitMQ 4 and later (BrokerVersion), with no delivery limit.
 func (t Topology) TierArgs(d time.Duration) amqp.Table {
-	return t.queueArgs(amqp.Table{
+	tier := amqp.Table{
 		"x-message-ttl":             d.Milliseconds(),
 		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": t.Queue,
-	})
+	}
+	if t.limitsDeliveries() {
+		tier["x-delivery-limit"] = noDeliveryLimit
+	}
+	return t.queueArgs(tier)
 }
 
-// DLQArgs are the arguments Declare gives the dead-letter queue.
-func (t Topology) DLQArgs() amqp.Table { return t.queueArgs(nil) }
+// DLQArgs are the arguments Declare gives the dead-letter queue: on
+// RabbitMQ 4 and later (BrokerVersion), with no delivery limit, so that
+// reading it (idemq dlq list, the UI) never drops a letter.
+func (t Topology) DLQArgs() amqp.Table {
+	if t.limitsDeliveries() {
+		return t.queueArgs(amqp.Table{"x-delivery-limit": noDeliveryLimit})
+	}
+	return t.queueArgs(nil)
+}
+
+// declareKept declares queue name with args; a queue that exists without
+// the delivery limit RabbitMQ 4 needs lifted (declared before the upgrade)
+// is an error that says what to do.
+func (t Topology) declareKept(ch *amqp.Channel, name string, args amqp.Table) error {
+	_, err := ch.QueueDeclare(name, true, false, false, false, args)
+	var amqpErr *amqp.Error
+	if err != nil && t.limitsDeliveries() && errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed &&
+		strings.Contains(amqpErr.Reason, "x-delivery-limit") {
+		return fmt.Errorf("declare queue %s: %w: it was declared without x-delivery-limit, before RabbitMQ %s, "+
+			"which limits its deliveries to 20 (every read of a DLQ counts one, and a letter beyond it is dropped): "+
+			"move its messages out (a shovel, or idemq dlq replay for a DLQ), delete it and declare it again (docs/topology.md, RabbitMQ 4)",
+			name, err, t.BrokerVersion)
+	}
+	if err != nil {
+		return fmt.Errorf("declare queue %s: %w", name, err)
+	}
+	return nil
+}
 
 // Declare declares the whole topology on ch, the work queue's bindings
 // last (with the exchanges they declare). It is idempotent: declaring
@@ -416,8 +490,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DLX, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", t.DLX, err)
 	}
-	if _, err := ch.QueueDeclare(t.DLQ, true, false, false, false, t.DLQArgs()); err != nil {
-		return fmt.Errorf("declare queue %s: %w", t.DLQ, err)
+	if err := t.declareKept(ch, t.DLQ, t.DLQArgs()); err != nil {
+		return err
 	}
 	if err := ch.QueueBind(t.DLQ, "", t.DLX, false, nil); err != nil {
 		return fmt.Errorf("bind %s to %s: %w", t.DLQ, t.DLX, err)
@@ -426,9 +500,8 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("declare queue %s: %w", t.Queue, err)
 	}
 	for _, d := range t.Delays {
-		name := t.TierName(d)
-		if _, err := ch.QueueDeclare(name, true, false, false, false, t.TierArgs(d)); err != nil {
-			return fmt.Errorf("declare queue %s: %w", name, err)
+		if err := t.declareKept(ch, t.TierName(d), t.TierArgs(d)); err != nil {
+			return err
 		}
 	}
 	if t.OrderExchange != "" {
@@ -490,5 +563,5 @@ func declareOn(conn *amqp.Connection, t Topology) error {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	return t.Declare(ch)
+	return t.OnBroker(BrokerVersion(conn)).Declare(ch)
 }

@@ -191,7 +191,7 @@ func (k *pointRun) open() error {
 	if err := k.ch.Confirm(false); err != nil {
 		return fmt.Errorf("confirm mode: %w", err)
 	}
-	if err := k.topo.Declare(k.ch); err != nil {
+	if err := k.topo.OnBroker(consumer.BrokerVersion(conn)).Declare(k.ch); err != nil {
 		return fmt.Errorf("declare the topology: %w", err)
 	}
 	return nil

@@ -514,7 +514,7 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, que
 		return err
 	}
 	defer ch.Close()
-	topo := benchTopology(queue, partitions)
+	topo := benchTopology(queue, partitions).OnBroker(consumer.BrokerVersion(conn))
 	queues, _ := topo.Names()
 	for _, q := range queues {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {

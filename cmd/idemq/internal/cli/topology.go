@@ -157,7 +157,7 @@ single-active-consumer, bound with weight 1, with its own retry tiers and DLQ.
 				}
 			}
 			for _, tc := range d.queues {
-				topo := consumer.NewTopology(tc)
+				topo := consumer.NewTopology(tc).OnBroker(consumer.BrokerVersion(conn))
 				if err := topo.Declare(ch); err != nil {
 					return refusal(err)
 				}

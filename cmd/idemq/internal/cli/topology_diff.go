@@ -123,6 +123,7 @@ func (c *differ) deployment(d deployment) error {
 }
 
 func (c *differ) workQueue(t consumer.Topology) error {
+	t = t.OnBroker(consumer.BrokerVersion(c.conn))
 	if len(t.Partitions) > 0 {
 		// Its arguments (the hash header) are not compared: a declare
 		// without them would read as a difference.

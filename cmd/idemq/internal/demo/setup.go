@@ -141,7 +141,7 @@ func resetTopology(conn *amqp.Connection, cfg *consumer.Config) error {
 		return fmt.Errorf("reset queues: open channel: %w", err)
 	}
 	defer ch.Close()
-	topo := consumer.NewTopology(cfg.TopologyConfig())
+	topo := consumer.NewTopology(cfg.TopologyConfig()).OnBroker(consumer.BrokerVersion(conn))
 	work, tiers, dlq := queueNames(topo)
 	for _, q := range append([]string{work, dlq}, tiers...) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
