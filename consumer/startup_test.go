@@ -49,6 +49,19 @@ func (l *logRecords) find(msg string) []logRecord {
 	return out
 }
 
+// withAttr returns the records whose attribute key is value.
+func (l *logRecords) withAttr(key, value string) []logRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []logRecord
+	for _, r := range l.recs {
+		if r.attrs[key] == value {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // all returns every record, one line each, for failure messages.
 func (l *logRecords) all() string {
 	l.mu.Lock()
