@@ -23,6 +23,7 @@ import (
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/cork"
+	"github.com/idemq/idemq/internal/outage"
 	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
@@ -45,6 +46,11 @@ type Relay struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	inst   instruments
+
+	// brokerOutage and dbOutage log the outages of the broker and of the
+	// database that the relay's lanes meet: one line each when one starts,
+	// at most one per interval while it lasts, one when it ends.
+	brokerOutage, dbOutage *outage.Log
 
 	running atomic.Bool
 	// connected: a lane of this Run got a broker session; from then on a
@@ -105,6 +111,8 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
 		prop:   propagator.Or(c.Propagator),
 	}
+	r.brokerOutage = outage.New(r.log, "outbox relay broker connection", 0)
+	r.dbOutage = outage.New(r.log, "outbox relay database connection", 0)
 	inst, err := newInstruments(c.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new relay: metrics: %w", err)
@@ -213,9 +221,9 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 				if amqpdial.Refused(err) {
 					return fmt.Errorf("outbox: relay: %w", err)
 				}
-				r.log.Warn("outbox relay cannot reach the broker (never connected yet); retrying", "error", redact.Error(err))
+				r.brokerOutage.Failed(ctx, "outbox relay cannot reach the broker (never connected yet); retrying", err)
 			} else {
-				r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
+				r.brokerOutage.Failed(ctx, "outbox relay cannot reach the broker; retrying", err)
 			}
 			r.reconnected(ctx)
 			if !sleepCtx(ctx, bo.NextBackOff()) {
@@ -224,6 +232,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			continue
 		}
 		r.connected.Store(true)
+		r.brokerOutage.Recovered(ctx)
 		served, err := r.serve(ctx, s, l)
 		s.Close()
 		if err == nil || ctx.Err() != nil {
@@ -232,7 +241,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		if served {
 			bo.Reset()
 		}
-		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redact.Error(err))
+		r.brokerOutage.Failed(ctx, "outbox relay lost the broker connection; reconnecting", err)
 		r.reconnected(ctx)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			break
@@ -268,13 +277,14 @@ func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, er
 		case errors.As(err, &be):
 			return served, be.err
 		case err != nil:
-			r.log.Warn("outbox relay database error; retrying", "error", err)
+			r.dbOutage.Failed(ctx, "outbox relay database error; retrying", err)
 			if !sleepCtx(ctx, dbBackoff.NextBackOff()) {
 				return served, nil
 			}
 			continue
 		}
 		dbBackoff.Reset()
+		r.dbOutage.Recovered(ctx)
 		served = true
 		if full {
 			continue // more may be waiting
