@@ -230,6 +230,11 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if bar != nil {
 				_ = bar.Finish()
 			}
+			if err != nil && res.Read == 0 {
+				// Nothing was read (a queue that does not exist, a channel
+				// refused): the error alone, no count that reads as a run.
+				return hintWorkQueue(err, queue)
+			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d", res.Replayed, res.Skipped)
 			if res.UserIDDropped > 0 {
 				fmt.Fprintf(a.stdout, ", %d of them without their user_id", res.UserIDDropped)
