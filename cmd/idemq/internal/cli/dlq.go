@@ -49,8 +49,9 @@ The raw key (message_id, which is the key when it is set) is shown only with
 Nothing is removed: the messages are read with basic.get and never acked, and
 all go back to the queue when the command's channel closes. While they are
 held, other consumers of Q.dlq do not see them.`,
-		Example: `  idemq dlq list --queue payments
-  idemq dlq list --queue payments --limit 0 --json`,
+		Example: `  idemq dlq list --queue payments --consumer charge
+  idemq dlq list --queue payments --consumer charge --limit 0 --json
+  idemq dlq list --queue payments --show-keys`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if err := nonEmpty(cmd.Flags(), "queue"); err != nil {
