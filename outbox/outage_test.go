@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/outbox"
 )
 
 // TestRelayOutageIsLoggedOnce: the broker goes out of reach under a running
@@ -68,5 +70,60 @@ func TestRelayOutageIsLoggedOnce(t *testing.T) {
 	}
 	if strings.Contains(out, "guest:guest") {
 		t.Errorf("a URL with its password in the logs:\n%s", out)
+	}
+}
+
+// TestRelayDatabaseOutageIsLoggedOnce: Postgres goes out of reach under a
+// running relay (its connections closed, each new one at once) while its
+// lanes and its LISTEN connection retry many times; the outage is one WARN
+// line when it starts, none while it lasts (shorter than the interval), and
+// one INFO line when it ends, with its duration; the rows enqueued after it
+// are published.
+func TestRelayDatabaseOutageIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 8)
+	p := testdb.NewProxy(t)
+	ob, err := outbox.New(p.Pool(t, 8), &outbox.Config{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	cfg := e.relayConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.PollInterval = 20 * time.Millisecond
+	startRelayOf(t, ob, cfg)
+	c := e.collect(t)
+	committed, _ := e.enqueueRows(t, 10, 1, 10, 0)
+	e.waitAllPublished(t, c, committed, 10)
+
+	p.Cut()
+	waitFor(t, 30*time.Second, "20 connections turned away", func() bool { return p.Refused() >= 20 })
+	p.Restore()
+	waitFor(t, 30*time.Second, "the recovery line", func() bool {
+		return strings.Contains(logs.String(), "outbox relay database connection recovered")
+	})
+	more, _ := e.enqueueRows(t, 10, 1, 10, 0)
+	waitFor(t, 30*time.Second, "the rows enqueued after the outage published", func() bool {
+		_, total := c.counts()
+		return e.backlog(t).Pending == 0 && total >= len(committed)+len(more)
+	})
+
+	out := logs.String()
+	t.Logf("the relay's logs:\n%s", out)
+	var warns, recovered []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch {
+		case strings.Contains(line, "database connection recovered"):
+			recovered = append(recovered, line)
+		case strings.Contains(line, "level=WARN"):
+			warns = append(warns, line)
+		}
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], "database error") && !strings.Contains(warns[0], "LISTEN connection failed") {
+		t.Errorf("%d WARN lines; want 1, the start of the database outage:\n%s", len(warns), out)
+	}
+	if len(recovered) != 1 || !strings.Contains(recovered[0], "level=INFO") ||
+		!regexp.MustCompile(` after=[0-9.]+(ms|s) failures=[0-9]+`).MatchString(recovered[0]) {
+		t.Errorf("want one INFO line of the recovery with its duration and failures:\n%s", out)
 	}
 }

@@ -26,7 +26,6 @@ import (
 	"github.com/idemq/idemq/internal/outage"
 	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/relaykit"
 )
 
@@ -48,7 +47,8 @@ type Relay struct {
 	inst   instruments
 
 	// brokerOutage and dbOutage log the outages of the broker and of the
-	// database that the relay's lanes meet: one line each when one starts,
+	// database that the relay's lanes (and, for the database, its schema
+	// check and its LISTEN connection) meet: one line each when one starts,
 	// at most one per interval while it lasts, one when it ends.
 	brokerOutage, dbOutage *outage.Log
 
@@ -184,14 +184,17 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 	for {
 		err := schema.Check(ctx, r.pool, r.ob.cfg.Schema)
 		switch {
-		case err == nil, ctx.Err() != nil:
+		case err == nil:
+			r.dbOutage.Recovered(ctx)
+			return nil
+		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, schema.ErrNotMigrated):
 			return fmt.Errorf("outbox: relay: %w", err)
 		case pgfatal.Refused(err):
 			return fmt.Errorf("outbox: relay: %w", pgfatal.Explain(err))
 		}
-		r.log.Warn("outbox relay cannot check its schema; retrying", "error", redact.Error(err))
+		r.dbOutage.Failed(ctx, "outbox relay cannot check its schema; retrying", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return nil
 		}
@@ -350,6 +353,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 				return fmt.Errorf("listen: %w", err)
 			}
 			bo.Reset()
+			r.dbOutage.Recovered(ctx)
 			signal()
 			for {
 				if _, err := conn.WaitForNotification(ctx); err != nil {
@@ -361,7 +365,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("outbox relay LISTEN connection failed; polling until it is back", "error", err)
+		r.dbOutage.Failed(ctx, "outbox relay LISTEN connection failed; polling until it is back", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return
 		}
