@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/keystore"
+	"github.com/idemq/idemq/internal/outage"
 	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
 	"github.com/idemq/idemq/internal/redact"
@@ -81,6 +82,9 @@ type Consumer struct {
 	// status is what Ready returns (a pointer to nil while consuming).
 	status   atomic.Pointer[error]
 	failLogs logLimiter
+	// outage logs the outages the reconnect loop meets: a line when one
+	// starts, at most one per interval while it lasts, one when it ends.
+	outage   *outage.Log
 	inFlight atomic.Int64
 	// keys sign and verify idemq's headers; read by the first session,
 	// before its workers start.
@@ -215,6 +219,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		prop:         prop,
 		metrics:      m,
 	}
+	cons.outage = outage.New(cons.log, "consumer connection", 0)
 	if c.Ordering != nil {
 		cons.handler = cons.ordered(h)
 	}
@@ -328,10 +333,10 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		wait := bo.NextBackOff()
 		if c.consumed.Load() {
 			c.notReady(fmt.Errorf("reconnecting: %s", redact.Error(err)))
-			c.log.Warn("broker connection lost; reconnecting", "err", redact.Error(err), "in", wait)
+			c.outage.Failed(ctx, "broker connection lost; reconnecting", err, "in", wait)
 		} else {
 			c.notReady(fmt.Errorf("not yet connected: %s", redact.Error(err)))
-			c.log.Warn("cannot start consuming (never connected yet); retrying", "err", redact.Error(err), "in", wait)
+			c.outage.Failed(ctx, "cannot start consuming (never connected yet); retrying", err, "in", wait)
 		}
 		c.metrics.reconnects.Add(ctx, 1, c.metrics.with())
 		select {
@@ -429,6 +434,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	}
 	c.consumed.Store(true)
 	c.ready()
+	c.outage.Recovered(ctx)
 	c.log.Info("consuming", "broker", conn.RemoteAddr().String(), "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
 
 	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,7 +72,6 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 		return
 	}
 	if errors.Is(herr, errGap) {
-		defer c.logFailure("ordered message dead-lettered", it, herr)
 		c.deadLetter(s, it, ReasonSequenceGap, herr)
 		return
 	}
@@ -97,32 +97,45 @@ func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander boo
 }
 
 // logFailure logs, once the delivery is routed and at most
-// failureLogsPerSecond times a second, a failure that did not commit: the
-// outcome it got (retried, dead_lettered, lease_lost, copy_failed), the
-// reason (the dead-letter reason, else what failed: handler_error,
-// handler_timeout, panic, lease_lost, reserve_error), the key hash (never
-// the key), the attempt and the error. A line after suppressed ones says
-// how many were suppressed.
+// failureLogsPerSecond times a second, a failure that did not commit and
+// was not dead-lettered (a dead letter has its one line, logDeadLetter): the
+// outcome it got (retried, lease_lost, copy_failed), the reason (what
+// failed: handler_error, handler_timeout, panic, lease_lost, reserve_error),
+// the key hash (never the key), the attempt and the error. A line after
+// suppressed ones says how many were suppressed.
 func (c *Consumer) logFailure(msg string, it *item, err error) {
+	if it.ev.Outcome == OutcomeDeadLettered {
+		return
+	}
+	level := slog.LevelWarn
+	if it.ev.Outcome == OutcomeCopyFailed {
+		level = slog.LevelError
+	}
+	c.logLimited(it, level, msg, cmp.Or(it.ev.Reason, failureKind(err)), redact.Error(err), err)
+}
+
+// logDeadLetter logs the one line of a dead letter, at ERROR, once the
+// broker confirmed its copy in the DLQ (at most failureLogsPerSecond lines
+// a second, shared with logFailure): its reason, the key hash, the attempt
+// and the error that sent it there (errText), with the panic's value and
+// stack when a handler panicked (cause).
+func (c *Consumer) logDeadLetter(it *item, reason, errText string, cause error) {
+	c.logLimited(it, slog.LevelError, "dead-lettered", reason, errText, cause)
+}
+
+// logLimited writes a failure's line unless failLogs suppresses it.
+func (c *Consumer) logLimited(it *item, level slog.Level, msg, reason, errText string, cause error) {
 	ok, suppressed := c.failLogs.allow(time.Now())
 	if !ok {
 		return
 	}
-	reason := it.ev.Reason
-	if reason == "" {
-		reason = failureKind(err)
-	}
 	attrs := []any{"outcome", string(it.ev.Outcome), "reason", reason, "key_hash", it.ev.KeyHash,
-		"attempt", it.attempt, "max_attempts", c.cfg.MaxAttempts, "err", redact.Error(err)}
-	if pe := (*PanicError)(nil); errors.As(err, &pe) {
+		"attempt", it.attempt, "max_attempts", c.cfg.MaxAttempts, "err", errText}
+	if pe := (*PanicError)(nil); errors.As(cause, &pe) {
 		attrs = append(attrs, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
 	if suppressed > 0 {
 		attrs = append(attrs, "suppressed", suppressed)
-	}
-	level := slog.LevelWarn
-	if it.ev.Outcome == OutcomeDeadLettered || it.ev.Outcome == OutcomeCopyFailed {
-		level = slog.LevelError
 	}
 	c.log.Log(it.ctx, level, msg, attrs...)
 }
@@ -195,7 +208,7 @@ func (c *Consumer) deadLetter(s *session, it *item, reason string, cause error) 
 	c.blockKey(it, reason)
 	if c.publishThenAck(s, it, c.topo.DLX, "", wire.DeadLetterHeaders(reason, cause, it.attempt), "idemq dlq publish") {
 		c.metrics.deadLetters.Add(it.ctx, 1, c.metrics.withLabel("reason", reason))
-		c.log.Warn("dead-lettered", "reason", reason, "key_hash", it.ev.KeyHash, "attempt", it.attempt, "err", redact.Error(cause))
+		c.logDeadLetter(it, reason, redact.Error(cause), cause)
 	}
 }
 
@@ -255,7 +268,8 @@ func (c *Consumer) publishThenAck(s *session, it *item, exchange, key string, he
 	c.ack(s, it)
 	if tooLarge {
 		c.metrics.deadLetters.Add(ctx, 1, c.metrics.withLabel("reason", ReasonHeadersTooLarge))
-		c.log.Warn("dead-lettered", "reason", ReasonHeadersTooLarge, "key_hash", it.ev.KeyHash, "err", msg.Headers[HeaderError])
+		errText, _ := wire.String(msg.Headers[HeaderError])
+		c.logDeadLetter(it, ReasonHeadersTooLarge, errText, nil)
 		return false
 	}
 	return true

@@ -23,9 +23,9 @@ import (
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/cork"
+	"github.com/idemq/idemq/internal/outage"
 	"github.com/idemq/idemq/internal/pgfatal"
 	"github.com/idemq/idemq/internal/propagator"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/internal/relaykit"
 )
 
@@ -45,6 +45,12 @@ type Relay struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	inst   instruments
+
+	// brokerOutage and dbOutage log the outages of the broker and of the
+	// database that the relay's lanes (and, for the database, its schema
+	// check and its LISTEN connection) meet: one line each when one starts,
+	// at most one per interval while it lasts, one when it ends.
+	brokerOutage, dbOutage *outage.Log
 
 	running atomic.Bool
 	// connected: a lane of this Run got a broker session; from then on a
@@ -105,6 +111,8 @@ func NewRelay(ob *Outbox, amqpURL string, cfg *RelayConfig) (*Relay, error) {
 		tracer: cmp.Or[trace.TracerProvider](c.TracerProvider, otel.GetTracerProvider()).Tracer(instrumentationName),
 		prop:   propagator.Or(c.Propagator),
 	}
+	r.brokerOutage = outage.New(r.log, "outbox relay broker connection", 0)
+	r.dbOutage = outage.New(r.log, "outbox relay database connection", 0)
 	inst, err := newInstruments(c.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: new relay: metrics: %w", err)
@@ -176,14 +184,17 @@ func (r *Relay) checkSchema(ctx context.Context) error {
 	for {
 		err := schema.Check(ctx, r.pool, r.ob.cfg.Schema)
 		switch {
-		case err == nil, ctx.Err() != nil:
+		case err == nil:
+			r.dbOutage.Recovered(ctx)
+			return nil
+		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, schema.ErrNotMigrated):
 			return fmt.Errorf("outbox: relay: %w", err)
 		case pgfatal.Refused(err):
 			return fmt.Errorf("outbox: relay: %w", pgfatal.Explain(err))
 		}
-		r.log.Warn("outbox relay cannot check its schema; retrying", "error", redact.Error(err))
+		r.dbOutage.Failed(ctx, "outbox relay cannot check its schema; retrying", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return nil
 		}
@@ -213,9 +224,9 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 				if amqpdial.Refused(err) {
 					return fmt.Errorf("outbox: relay: %w", err)
 				}
-				r.log.Warn("outbox relay cannot reach the broker (never connected yet); retrying", "error", redact.Error(err))
+				r.brokerOutage.Failed(ctx, "outbox relay cannot reach the broker (never connected yet); retrying", err)
 			} else {
-				r.log.Warn("outbox relay cannot reach the broker; retrying", "error", redact.Error(err))
+				r.brokerOutage.Failed(ctx, "outbox relay cannot reach the broker; retrying", err)
 			}
 			r.reconnected(ctx)
 			if !sleepCtx(ctx, bo.NextBackOff()) {
@@ -224,6 +235,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			continue
 		}
 		r.connected.Store(true)
+		r.brokerOutage.Recovered(ctx)
 		served, err := r.serve(ctx, s, l)
 		s.Close()
 		if err == nil || ctx.Err() != nil {
@@ -232,7 +244,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		if served {
 			bo.Reset()
 		}
-		r.log.Warn("outbox relay lost the broker connection; reconnecting", "error", redact.Error(err))
+		r.brokerOutage.Failed(ctx, "outbox relay lost the broker connection; reconnecting", err)
 		r.reconnected(ctx)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			break
@@ -268,13 +280,14 @@ func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, er
 		case errors.As(err, &be):
 			return served, be.err
 		case err != nil:
-			r.log.Warn("outbox relay database error; retrying", "error", err)
+			r.dbOutage.Failed(ctx, "outbox relay database error; retrying", err)
 			if !sleepCtx(ctx, dbBackoff.NextBackOff()) {
 				return served, nil
 			}
 			continue
 		}
 		dbBackoff.Reset()
+		r.dbOutage.Recovered(ctx)
 		served = true
 		if full {
 			continue // more may be waiting
@@ -340,6 +353,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 				return fmt.Errorf("listen: %w", err)
 			}
 			bo.Reset()
+			r.dbOutage.Recovered(ctx)
 			signal()
 			for {
 				if _, err := conn.WaitForNotification(ctx); err != nil {
@@ -351,7 +365,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("outbox relay LISTEN connection failed; polling until it is back", "error", err)
+		r.dbOutage.Failed(ctx, "outbox relay LISTEN connection failed; polling until it is back", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -129,6 +130,46 @@ func TestAPostgresThatRefusesFailsFast(t *testing.T) {
 				}
 				if !strings.Contains(r.stderr, "refuses") || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "check the") {
 					t.Errorf("want the refusal, %q and what to do: %s", tc.want, r)
+				}
+				if strings.Contains(r.stderr+r.stdout, "s3cret") {
+					t.Errorf("password leaked: %s", r)
+				}
+			})
+		}
+	}
+}
+
+// TestABrokerThatRefusesFailsFast: a command started with a password the
+// broker refuses, or a vhost it will not open, exits 1 with the refusal and
+// its code (403, 530) and what to check, not "cannot reach RabbitMQ": the
+// broker answered.
+func TestABrokerThatRefusesFailsFast(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	u, err := url.Parse(testamqp.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongPassword := *u
+	wrongPassword.User = url.UserPassword(u.User.Username(), "s3cret-wrong")
+	noVhost := *u
+	noVhost.Path = "/idemq-no-such-vhost"
+	for _, tc := range []struct {
+		name, url, want string
+	}{
+		{"password", wrongPassword.String(), "refused (403)"},
+		{"vhost", noVhost.String(), "refused (530)"},
+	} {
+		for _, args := range [][]string{{"relay"}, {"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x"}, {"dlq", "list", "--queue", "q"}, {"topology", "apply", "--queue", "q"}} {
+			t.Run(tc.name+"/"+strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
+				t.Parallel()
+				r := idemq(t, env(schema, "IDEMQ_AMQP_URL="+tc.url), args...)
+				if r.code != 1 || r.took > 15*time.Second {
+					t.Fatalf("want exit 1 within 15s: %s", r)
+				}
+				if !strings.Contains(r.stderr, "idemq: RabbitMQ at amqp://xxxxx@") || !strings.Contains(r.stderr, tc.want) ||
+					!strings.Contains(r.stderr, "check the") || strings.Contains(r.stderr, "cannot reach") {
+					t.Errorf("want the refusal, %q and what to check, not \"cannot reach\": %s", tc.want, r)
 				}
 				if strings.Contains(r.stderr+r.stdout, "s3cret") {
 					t.Errorf("password leaked: %s", r)

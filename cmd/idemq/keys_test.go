@@ -174,3 +174,40 @@ func TestDLQListJSONHasEveryDocumentedField(t *testing.T) {
 	letter, _ := letters[0].(map[string]any)
 	sameKeys(t, "dlq list letter", letter, lists[1])
 }
+
+// TestDLQListShowsNoRawKey: dlq list, in text and JSON, shows each dead
+// letter's key as its hash in --consumer's scope (the key_hash of that
+// consumer's logs), never the raw key (message_id), unless --show-keys.
+func TestDLQListShowsNoRawKey(t *testing.T) {
+	t.Parallel()
+	q := testamqp.Name(t, "rawq")
+	deleteTopologyAtCleanup(t, q, []string{"500ms", "1s"}, nil, nil)
+	environ := env(newSchema(t))
+	mustRun(t, environ, "topology", "apply", "--queue", q, "--max-attempts", "3", "--retry-initial", "500ms", "--retry-multiplier", "2")
+	ch := testamqp.Channel(t, testamqp.Dial(t))
+	const key = "order-secret-4711"
+	testamqp.Publish(t, ch, "", q+".dlq", amqp.Publishing{MessageId: key, Headers: amqp.Table{"x-tenant-id": "acme"}, Body: []byte("x")})
+	hash := dedup.Scope{Consumer: "payments", Tenant: "acme", Key: key}.KeyHash()
+
+	r := mustRun(t, environ, "dlq", "list", "--queue", q, "--consumer", "payments")
+	if strings.Contains(r.stdout+r.stderr, key) || !strings.Contains(r.stdout, "KEY_HASH") || !strings.Contains(r.stdout, hash) {
+		t.Errorf("dlq list: want the key hash %s, not the key: %s", hash, r)
+	}
+	r = mustRun(t, environ, "dlq", "list", "--queue", q, "--consumer", "payments", "--json")
+	var list struct {
+		Letters []struct {
+			MessageID string `json:"message_id"`
+			KeyHash   string `json:"key_hash"`
+		} `json:"letters"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.stdout)
+	}
+	if len(list.Letters) != 1 || list.Letters[0].MessageID != "" || list.Letters[0].KeyHash != hash || strings.Contains(r.stdout, key) {
+		t.Errorf("dlq list --json: want message_id \"\" and key_hash %s: %s", hash, r)
+	}
+	r = mustRun(t, environ, "dlq", "list", "--queue", q, "--consumer", "payments", "--show-keys")
+	if !strings.Contains(r.stdout, key) || !strings.Contains(r.stdout, hash) {
+		t.Errorf("dlq list --show-keys: want the key and its hash: %s", r)
+	}
+}

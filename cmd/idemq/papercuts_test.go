@@ -66,21 +66,46 @@ func TestReplayRefusesAnUnknownReason(t *testing.T) {
 	}
 }
 
+// TestReplayOfAMissingQueuePrintsOnlyItsError: `dlq replay` on a queue that
+// does not exist (or whose DLQ does not) exits 1 with the error and prints
+// no count: "replayed 0, skipped 0" would read as a replay that ran.
+func TestReplayOfAMissingQueuePrintsOnlyItsError(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t) // dlq replay records itself in the store
+	q := testamqp.Name(t, "cli-noq")
+	deleteTopologyAtCleanup(t, q, []string{"1s", "5s", "25s", "2m5s"}, nil, nil)
+	mustRun(t, env(schema), "topology", "apply", "--queue", q)
+	for _, queue := range []string{testamqp.Name(t, "cli-no-such-queue"), q + ".dlq"} {
+		r := idemq(t, env(schema), "dlq", "replay", "--queue", queue)
+		if r.code != 1 || !strings.Contains(r.stderr, "queue does not exist") {
+			t.Errorf("--queue %s: want exit 1 and the error: %s", queue, r)
+		}
+		if r.stdout != "" {
+			t.Errorf("--queue %s: a count printed for a replay that did not start: %s", queue, r)
+		}
+	}
+	// A replay that ran prints its count.
+	if r := mustRun(t, env(schema), "dlq", "replay", "--queue", q); r.stdout != "replayed 0, skipped 0\n" {
+		t.Errorf("dlq replay of an empty DLQ: %s", r)
+	}
+}
+
 // TestDLQNameGivenForQueueIsHinted: --queue takes the work queue; a DLQ's
 // name given instead is pointed out when its own DLQ does not exist.
 func TestDLQNameGivenForQueueIsHinted(t *testing.T) {
 	t.Parallel()
+	schema := newSchema(t) // dlq replay records itself in the store
 	q := testamqp.Name(t, "cli-hint")
 	deleteTopologyAtCleanup(t, q, []string{"1s", "5s", "25s", "2m5s"}, nil, nil)
-	mustRun(t, env("idemq"), "topology", "apply", "--queue", q)
+	mustRun(t, env(schema), "topology", "apply", "--queue", q)
 	for _, cmd := range [][]string{{"dlq", "list"}, {"dlq", "replay"}} {
-		r := idemq(t, env("idemq"), append(cmd, "--queue", q+".dlq")...)
+		r := idemq(t, env(schema), append(cmd, "--queue", q+".dlq")...)
 		if r.code != 1 || !strings.Contains(r.stderr, "--queue takes the work queue") || !strings.Contains(r.stderr, "--queue "+q+" ") {
 			t.Errorf("%v: want exit 1 and a hint: %s", cmd, r)
 		}
 	}
 	// The work queue's name works.
-	if r := mustRun(t, env("idemq"), "dlq", "list", "--queue", q); !strings.Contains(r.stdout, q+".dlq: 0 dead letters") {
+	if r := mustRun(t, env(schema), "dlq", "list", "--queue", q); !strings.Contains(r.stdout, q+".dlq: 0 dead letters") {
 		t.Errorf("dlq list: %s", r)
 	}
 }

@@ -282,17 +282,19 @@ func SetPermissions(tb testing.TB, user string, allow bool) {
 // Proxy is a TCP proxy in front of the test broker, for tests of a broker
 // node that goes away: it forwards every connection it accepts until Kill,
 // which closes its listener (later connects are refused) and cuts every
-// connection through it.
+// connection through it. Cut and Restore make an outage that ends: Cut does
+// what Kill does, and Restore listens again on the same address.
 type Proxy struct {
 	// URL is the test broker's URL with the proxy's address.
 	URL string
 
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	dead  bool
-	seen  int
+	target string
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	dead   bool
+	seen   int
 }
 
 // NewProxy starts a proxy to the test broker; it is killed when the test
@@ -312,39 +314,42 @@ func NewProxy(tb testing.TB) *Proxy {
 		tb.Fatalf("testamqp: proxy listen: %v", err)
 	}
 	u.Host = ln.Addr().String()
-	p := &Proxy{URL: u.String(), ln: ln, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil || !p.track(c, up) {
-				_ = c.Close()
-				if up != nil {
-					_ = up.Close()
-				}
-				continue
-			}
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				_ = dst.Close()
-				_ = src.Close()
-				p.untrack(dst, src)
-			}
-			p.wg.Go(func() { pipe(up, c) })
-			p.wg.Go(func() { pipe(c, up) })
-		}
-	})
+	p := &Proxy{URL: u.String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(func() { p.serve(ln) })
 	tb.Cleanup(p.Kill)
 	return p
+}
+
+// serve forwards the connections ln accepts until ln is closed.
+func (p *Proxy) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil || !p.track(c, up) {
+			_ = c.Close()
+			if up != nil {
+				_ = up.Close()
+			}
+			continue
+		}
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.untrack(dst, src)
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
 }
 
 func (p *Proxy) track(cs ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dead {
+	if p.dead || p.ln == nil {
 		return false
 	}
 	for _, c := range cs {
@@ -376,15 +381,53 @@ func (p *Proxy) Accepted() int {
 	return p.seen
 }
 
+// Cut makes the broker out of reach through the proxy: it closes the
+// listener (connects are refused) and cuts every connection through it,
+// until Restore.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeLocked()
+}
+
+// Restore ends the outage of Cut: the proxy listens again on its address.
+// It fails the test when the address cannot be listened on again.
+func (p *Proxy) Restore(tb testing.TB) {
+	tb.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead || p.ln != nil {
+		return
+	}
+	u, err := url.Parse(p.URL)
+	if err != nil {
+		tb.Fatalf("testamqp: parse the proxy URL: %v", err)
+	}
+	ln, err := net.Listen("tcp", u.Host)
+	if err != nil {
+		tb.Fatalf("testamqp: proxy listen again on %s: %v", u.Host, err)
+	}
+	p.ln = ln
+	p.wg.Go(func() { p.serve(ln) })
+}
+
 // Kill closes the listener and every connection through the proxy, and
 // waits for its goroutines. Killing twice is safe.
 func (p *Proxy) Kill() {
 	p.mu.Lock()
 	p.dead = true
-	_ = p.ln.Close()
+	p.closeLocked()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// closeLocked closes the listener and cuts every connection.
+func (p *Proxy) closeLocked() {
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
+	}
 	for c := range p.conns {
 		_ = c.Close()
 	}
-	p.mu.Unlock()
-	p.wg.Wait()
 }

@@ -18,7 +18,8 @@ import (
 // anything, as a dropped network does (no RST, no FIN), so that the clients'
 // reads hang until their own deadlines. Bytes held during the black hole are
 // forwarded once it is lifted, as TCP retransmits them after a partition
-// heals.
+// heals. Cut is the other outage: every connection through it is closed, and
+// each new one at once, until Restore.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -28,6 +29,8 @@ type Proxy struct {
 	trigger []byte
 	tripped chan struct{}
 	conns   map[net.Conn]struct{}
+	cut     bool
+	refused int // connections closed at once while cut
 }
 
 // NewProxy starts a proxy to the test database's host and port; it stops
@@ -101,11 +104,32 @@ func (p *Proxy) blackHoleLocked() {
 	}
 }
 
-// Restore lifts the black hole and disarms the trip wire: what was held is
-// forwarded.
+// Cut closes every connection through the proxy and, until Restore, each
+// new one as soon as it is accepted: Postgres is out of reach, and says so
+// at once (the clients read EOF), as a server that went down does.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Refused is the number of connections closed at once while the proxy was
+// cut.
+func (p *Proxy) Refused() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
+// Restore lifts the black hole and the cut and disarms the trip wire: what
+// was held is forwarded, and new connections are again.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.cut = false
 	p.trigger = nil
 	select {
 	case <-p.dark:
@@ -135,12 +159,28 @@ func (p *Proxy) accept() {
 }
 
 func (p *Proxy) serve(client net.Conn) {
+	p.mu.Lock()
+	cut := p.cut
+	if cut {
+		p.refused++
+	}
+	p.mu.Unlock()
+	if cut {
+		_ = client.Close()
+		return
+	}
 	server, err := net.Dial("tcp", p.target)
 	if err != nil {
 		_ = client.Close()
 		return
 	}
 	p.mu.Lock()
+	if p.cut {
+		p.mu.Unlock()
+		_ = client.Close()
+		_ = server.Close()
+		return
+	}
 	p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 	p.mu.Unlock()
 	defer func() {

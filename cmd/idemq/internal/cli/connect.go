@@ -116,6 +116,10 @@ func (a *app) dialAMQP(name string) (*amqp.Connection, error) {
 	d := amqpdial.Dialer{Addrs: addrs, Name: name, Timeout: a.connectTimeout}
 	conn, err := d.Dial(context.Background())
 	if err != nil {
+		if refused := (*amqp.Error)(nil); amqpdial.Refused(err) && errors.As(err, &refused) {
+			// The broker answered: it is not out of reach, it says no.
+			return nil, fmt.Errorf("RabbitMQ at %s refused (%d): %s; %s", refusedAt(err, addrs), refused.Code, redact.String(refused.Reason), refusalAdvice(refused.Code))
+		}
 		var de *amqpdial.Error
 		if !errors.As(err, &de) {
 			return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %s", addrs, cause(err, a.connectTimeout))
@@ -127,6 +131,24 @@ func (a *app) dialAMQP(name string) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("cannot reach RabbitMQ at %s", strings.Join(parts, "; at "))
 	}
 	return conn, nil
+}
+
+// refusedAt is the (redacted) address whose broker refused the connection:
+// a refusal ends a pass over the list, so it is the last one tried.
+func refusedAt(err error, addrs amqpdial.Addrs) string {
+	if de := (*amqpdial.Error)(nil); errors.As(err, &de) && len(de.Attempts) > 0 {
+		return de.Attempts[len(de.Attempts)-1].Addr
+	}
+	return addrs.String()
+}
+
+// refusalAdvice says what to check when the broker refuses a connection
+// with code (403 ACCESS_REFUSED, 530 NOT_ALLOWED).
+func refusalAdvice(code int) string {
+	if code == amqp.NotAllowed {
+		return "check the vhost of --amqp-url, and that its user may open it (rabbitmqctl list_permissions -p VHOST)"
+	}
+	return "check the user and password of --amqp-url, and the user's permissions (rabbitmqctl list_user_permissions USER)"
 }
 
 // cause is the innermost, most telling part of a connection error, such as

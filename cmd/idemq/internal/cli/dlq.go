@@ -45,22 +45,28 @@ x-death (`+consumer.ReasonDeliveryLimit+` when a message kept crashing its worke
 
 func (a *app) dlqListCommand() *cobra.Command {
 	var (
-		queue  string
-		limit  int
-		asJSON bool
+		queue, consumerName string
+		keyHeader           string
+		tenantHeader        string
+		limit               int
+		asJSON, showKeys    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "list --queue Q",
 		Short: "Show the dead letters of Q.dlq without removing them",
-		Long: `Show the dead letters of Q.dlq: message_id, reason (x-idemq-reason, or the
+		Long: `Show the dead letters of Q.dlq: the hash of the key (that of the logs of
+--consumer and of 'idemq keys inspect'), reason (x-idemq-reason, or the
 broker's x-death reason such as delivery_limit), attempts, first seen, the
 original exchange and routing key, and the error text; then a count by reason.
+The raw key (message_id, which is the key when it is set) is shown only with
+--show-keys.
 
 Nothing is removed: the messages are read with basic.get and never acked, and
 all go back to the queue when the command's channel closes. While they are
 held, other consumers of Q.dlq do not see them.`,
-		Example: `  idemq dlq list --queue payments
-  idemq dlq list --queue payments --limit 0 --json`,
+		Example: `  idemq dlq list --queue payments --consumer charge
+  idemq dlq list --queue payments --consumer charge --limit 0 --json
+  idemq dlq list --queue payments --show-keys`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if err := nonEmpty(cmd.Flags(), "queue"); err != nil {
@@ -74,21 +80,33 @@ held, other consumers of Q.dlq do not see them.`,
 				return err
 			}
 			defer conn.Close()
-			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit)
+			scope := dlq.KeyScope{Consumer: consumerName, KeyHeader: keyHeader, TenantHeader: tenantHeader}
+			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit, scope)
 			if err != nil {
 				return hintWorkQueue(err, queue)
+			}
+			if !showKeys {
+				// A message's message_id is its key (the key is read from
+				// it first): raw keys stay out of the output unless asked.
+				for i := range res.Letters {
+					res.Letters[i].MessageID = ""
+				}
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(res)
 			}
-			printLetters(a.stdout, res)
+			printLetters(a.stdout, res, showKeys)
 			return nil
 		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&queue, "queue", "", "the work queue Q whose Q.dlq is listed (required)")
+	f.StringVar(&consumerName, "consumer", "", "the consumer whose scope the keys are in: KEY_HASH is then the key_hash of its logs")
+	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "the header a key is read from when a letter has no message_id")
+	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "the header a tenant is read from (idemq's own copies carry theirs)")
+	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id) besides their hashes")
 	f.IntVar(&limit, "limit", 100, "most dead letters shown (0: all)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	requireFlags(cmd, "queue")
@@ -104,10 +122,15 @@ func hintWorkQueue(err error, queue string) error {
 	return err
 }
 
-func printLetters(out io.Writer, res dlq.ListResult) {
+// printLetters prints the letters as a table, the raw key (MESSAGE_ID)
+// only with showKeys, then the count by reason.
+func printLetters(out io.Writer, res dlq.ListResult, showKeys bool) {
 	if len(res.Letters) > 0 {
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "MESSAGE_ID\tREASON\tATTEMPTS\tFIRST_SEEN\tORIGINAL_EXCHANGE\tORIGINAL_ROUTING_KEY\tERROR")
+		if showKeys {
+			fmt.Fprint(w, "MESSAGE_ID\t")
+		}
+		fmt.Fprintln(w, "KEY_HASH\tREASON\tATTEMPTS\tFIRST_SEEN\tORIGINAL_EXCHANGE\tORIGINAL_ROUTING_KEY\tERROR")
 		for _, l := range res.Letters {
 			attempts := "-"
 			if l.Attempts > 0 {
@@ -119,8 +142,11 @@ func printLetters(out io.Writer, res dlq.ListResult) {
 			if exchange == "" && l.OriginalRoutingKey != "" {
 				exchange = "(default)"
 			}
+			if showKeys {
+				fmt.Fprintf(w, "%s\t", dash(oneLine(l.MessageID, 64)))
+			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				dash(oneLine(l.MessageID, 64)), l.Reason, attempts, dash(l.FirstSeen),
+				dash(l.KeyHash), l.Reason, attempts, dash(l.FirstSeen),
 				dash(exchange), dash(l.OriginalRoutingKey), dash(oneLine(l.Error, 80)))
 		}
 		_ = w.Flush()
@@ -291,6 +317,11 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 				a.endAudit(rec, entry, res.Replayed, errors.New("interrupted"), digests)
 			} else {
 				a.endAudit(rec, entry, res.Replayed, err, digests)
+			}
+			if err != nil && res.Read == 0 {
+				// Nothing was read (a queue that does not exist, a channel
+				// refused): the error alone, no count that reads as a run.
+				return hintWorkQueue(err, queue)
 			}
 			fmt.Fprintf(a.stdout, "replayed %d, skipped %d", res.Replayed, res.Skipped)
 			if res.UserIDDropped > 0 {

@@ -258,6 +258,12 @@ type counters struct {
 	queueErr error
 }
 
+// quiet reports that nothing is left to settle: the work queue and the
+// retry tiers are empty, no key is leased, and both counts were read.
+func (c counters) quiet() bool {
+	return c.dbErr == nil && c.queueErr == nil && c.queues.Ready == 0 && c.queues.Retrying == 0 && c.leases == 0
+}
+
 var finalOutcomes = []string{
 	string(consumer.OutcomeProcessed), string(consumer.OutcomeRejected), string(consumer.OutcomeDuplicate),
 	string(consumer.OutcomeDeadLettered), string(consumer.OutcomeKeyReuse), string(consumer.OutcomeInvalidKey),
@@ -320,17 +326,21 @@ func (r *runner) settle(ctx context.Context, pubDone <-chan error) error {
 		}
 		r.prog.update(r.status(c), false)
 
-		quiet := c.dbErr == nil && c.queueErr == nil && c.queues.Ready == 0 && c.queues.Retrying == 0 && c.leases == 0
-		if published && quiet && (c.settled >= r.plan.Total || time.Since(lastChange) >= settleStable) {
-			r.prog.update(r.status(c), true)
-			r.prog.end()
+		if published && c.quiet() && (c.settled >= r.plan.Total || time.Since(lastChange) >= settleStable) {
 			// Stopping the workers returns whatever they prefetched to the
 			// queue: only then is an empty queue proof that all settled.
 			r.stopWorkers()
 			c = r.counters(ctx)
-			if c.dbErr == nil && c.queueErr == nil && c.queues.Ready == 0 && c.queues.Retrying == 0 && c.leases == 0 {
+			if c.quiet() {
+				// Every message settled, also those whose events a killed
+				// worker took with it: the last line says so, with the
+				// final counts.
+				c.settled = max(c.settled, r.plan.Total)
+				r.prog.update(r.status(c), true)
+				r.prog.end()
 				return nil
 			}
+			r.prog.update(r.status(c), true)
 			r.restarts++
 			r.prog.note("  not settled yet (%d ready, %d retrying, %d keys leased); starting the workers again", c.queues.Ready, c.queues.Retrying, c.leases)
 			for range o.Workers {
@@ -341,6 +351,7 @@ func (r *runner) settle(ctx context.Context, pubDone <-chan error) error {
 			lastChange = time.Now()
 		}
 		if time.Now().After(deadline) {
+			r.prog.update(r.status(c), true)
 			r.prog.end()
 			return fmt.Errorf("%w within %s: %d/%d settled, %d ready in %s, %d in the retry tiers, %d keys in progress (db: %v, broker: %v)",
 				errNotSettled, o.Timeout, c.settled, r.plan.Total, c.queues.Ready, o.Queue, c.queues.Retrying, c.leases, c.dbErr, c.queueErr)

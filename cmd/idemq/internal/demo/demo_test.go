@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +72,13 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %v", err)
 	}
 
+	// The progress ends on the final count, also when the killed worker
+	// took the events of messages it settled with it.
+	if lines := regexp.MustCompile(`(?m)^.*\] settled (\d+)/(\d+) .*$`).FindAllStringSubmatch(out.String(), -1); len(lines) == 0 {
+		t.Errorf("no progress line")
+	} else if last := lines[len(lines)-1]; last[1] != last[2] || last[2] != strconv.Itoa(rep.Published) {
+		t.Errorf("the progress ends on %s/%s settled, want %d/%d: %s", last[1], last[2], rep.Published, rep.Published, last[0])
+	}
 	if !rep.OK() || !strings.Contains(out.String(), "\nOK: effects applied == unique keys processed, 0 doubled, 0 lost; HTTP: charges == unique operations (100), 0 doubled\n") {
 		t.Fatalf("not OK: %v", rep.Failures)
 	}

@@ -59,6 +59,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
 	"github.com/idemq/idemq/internal/wire"
 )
@@ -75,9 +77,44 @@ type ListResult struct {
 	// InQueue is the number of ready messages in the DLQ when List started.
 	InQueue int `json:"in_queue"`
 	// Letters are the messages read, in queue order.
-	Letters []wire.Letter `json:"letters"`
+	Letters []Listed `json:"letters"`
 	// ByReason counts the letters read by reason.
 	ByReason map[string]int `json:"by_reason"`
+}
+
+// Listed is one dead letter as List saw it: what it says, and the hash of
+// its key (KeyScope.Of).
+type Listed struct {
+	wire.Letter
+	// KeyHash is the hash of the letter's key in its scope, as the
+	// consumer's logs and `idemq keys inspect` show it; "" for a letter
+	// without a key.
+	KeyHash string `json:"key_hash"`
+}
+
+// KeyScope is where a dead letter's key is read from and whose scope it is
+// in: the consumer's name, the header of a key when there is no message_id
+// (default consumer.DefaultKeyHeader), the header of the tenant (default
+// consumer.DefaultTenantHeader).
+type KeyScope struct {
+	Consumer, KeyHeader, TenantHeader string
+}
+
+// Of returns the key of the dead letter with messageID and headers (its
+// message_id, else its key header), its tenant (x-idemq-tenant on idemq's
+// copies, else the tenant header) and the key's hash in the scope
+// (dedup.Scope.KeyHash: the key_hash of the consumer's logs). key and hash
+// are "" for a letter without a key.
+func (s KeyScope) Of(messageID string, headers amqp.Table) (key, tenant, hash string) {
+	key, _ = wire.ReadKey(&amqp.Delivery{MessageId: messageID, Headers: headers}, cmp.Or(s.KeyHeader, consumer.DefaultKeyHeader))
+	tenant, ok := wire.String(headers[wire.HeaderTenant])
+	if !ok {
+		tenant, _ = wire.String(headers[cmp.Or(s.TenantHeader, consumer.DefaultTenantHeader)])
+	}
+	if key != "" {
+		hash = dedup.Scope{Consumer: s.Consumer, Tenant: tenant, Key: key}.KeyHash()
+	}
+	return key, tenant, hash
 }
 
 // ErrNoQueue means the queue does not exist.
@@ -148,11 +185,12 @@ func ID(d *amqp.Delivery) string {
 
 // List reads up to limit (0: all) dead letters of queue without removing
 // any: every message read goes back to the queue when List returns. It
-// keeps what each letter says, never its body.
-func List(ctx context.Context, conn *amqp.Connection, queue string, limit int) (ListResult, error) {
-	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []wire.Letter{}}
+// keeps what each letter says and its key's hash in scope, never its body.
+func List(ctx context.Context, conn *amqp.Connection, queue string, limit int, scope KeyScope) (ListResult, error) {
+	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []Listed{}}
 	n, err := Scan(ctx, conn, queue, limit, func(m Message) bool {
-		res.Letters = append(res.Letters, m.Letter)
+		_, _, hash := scope.Of(m.MessageID, m.Headers)
+		res.Letters = append(res.Letters, Listed{Letter: m.Letter, KeyHash: hash})
 		res.ByReason[m.Reason]++
 		return true
 	})

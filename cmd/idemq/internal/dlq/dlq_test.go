@@ -78,7 +78,7 @@ func TestListLosesNothing(t *testing.T) {
 	t.Parallel()
 	conn, q := setup(t, 6)
 	ctx := context.Background()
-	res, err := dlq.List(ctx, conn, dlq.Name(q), 4)
+	res, err := dlq.List(ctx, conn, dlq.Name(q), 4, dlq.KeyScope{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestListLosesNothing(t *testing.T) {
 		t.Fatalf("list: %+v", res)
 	}
 	waitReady(t, conn, dlq.Name(q), 6)
-	if _, err := dlq.List(ctx, conn, q+".absent", 0); err == nil {
+	if _, err := dlq.List(ctx, conn, q+".absent", 0, dlq.KeyScope{}); err == nil {
 		t.Fatal("listing a missing queue: want an error")
 	}
 }

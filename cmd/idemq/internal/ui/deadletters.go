@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/wire"
 )
 
@@ -149,12 +148,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) letterView(q Queue, m dlq.Message) letterView {
-	d := &amqp.Delivery{MessageId: m.MessageID, Headers: m.Headers}
-	key, _ := wire.ReadKey(d, s.cfg.KeyHeader)
-	tenant, ok := wire.String(m.Headers[wire.HeaderTenant])
-	if !ok {
-		tenant, _ = wire.String(m.Headers[s.cfg.TenantHeader])
-	}
+	key, tenant, hash := dlq.KeyScope{Consumer: q.Consumer, KeyHeader: s.cfg.KeyHeader, TenantHeader: s.cfg.TenantHeader}.Of(m.MessageID, m.Headers)
 	if m.OriginalExchange == "" && m.OriginalRoutingKey != "" {
 		m.OriginalExchange = "(default)"
 	}
@@ -164,7 +158,7 @@ func (s *Server) letterView(q Queue, m dlq.Message) letterView {
 		Doomed: dlq.Doomed(m.Reason), Old: dlq.OlderThan(m.Letter, s.cfg.KeyRetention, time.Now()),
 	}
 	if key != "" {
-		v.KeyHash = dedup.Scope{Consumer: q.Consumer, Tenant: tenant, Key: key}.KeyHash()
+		v.KeyHash = hash
 		if s.cfg.ShowKeys {
 			v.Key = key
 		}
