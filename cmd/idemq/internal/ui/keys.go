@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/cmd/idemq/internal/keys"
 	"github.com/idemq/idemq/dedup"
 )
@@ -21,6 +22,8 @@ type keyView struct {
 	Response              content
 	HasResponse           bool
 	Now                   time.Time
+	// TracePage is the UI's page of the first processing's trace (with a Jaeger).
+	TracePage string
 }
 
 // keyLookup shows the lookup form, and the key's row when one was asked for
@@ -63,6 +66,9 @@ func (s *Server) lookup(ctx context.Context, v *keyView) int {
 		return http.StatusBadGateway
 	}
 	v.Report = rep
+	if s.jaeger != nil && rep.TraceID != "" {
+		v.TracePage = jaeger.TracePath + "?id=" + rep.TraceID
+	}
 	if rec.Result != nil {
 		v.HasResponse = true
 		v.Response = showContent(rec.Result.Response, s.cfg.BodyLimit)

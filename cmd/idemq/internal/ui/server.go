@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/hostguard"
@@ -58,7 +59,9 @@ type Config struct {
 	Dial func() (*amqp.Connection, error)
 	// Queues are the work queues shown.
 	Queues []Queue
-	// JaegerURL, when set, links a key's first processing to its trace.
+	// JaegerURL, when set, is the Jaeger whose query API the Duplicates
+	// and trace pages read (its base URL, e.g. http://127.0.0.1:16686),
+	// and links a key's first processing to its trace.
 	JaegerURL string
 	// Listen is the address the server listens on (host:port, as given to
 	// net.Listen). With AllowHosts it decides which Host values the server
@@ -131,6 +134,9 @@ type Server struct {
 
 	// arrivals are the dead letters seen coming into each DLQ.
 	arrivals arrivals
+
+	// jaeger reads Config.JaegerURL's query API (nil without one).
+	jaeger *jaeger.Client
 }
 
 // New returns the server cfg describes.
@@ -167,6 +173,9 @@ func New(cfg Config) (*Server, error) {
 	byName := func(a, b Queue) int { return strings.Compare(a.Topology.Queue, b.Topology.Queue) }
 	s.shown = slices.CompactFunc(slices.SortedStableFunc(slices.Values(cfg.Queues), byName),
 		func(a, b Queue) bool { return byName(a, b) == 0 })
+	if s.jaeger, err = newJaeger(cfg.JaegerURL); err != nil {
+		return nil, fmt.Errorf("ui: --jaeger-url: %w", err)
+	}
 	if s.secrets, err = newSecrets(cfg.Token); err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
@@ -211,6 +220,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /keys", s.keyLookup)
 	mux.HandleFunc("POST /keys", s.keyLookup)
 	mux.HandleFunc("GET /outbox", s.outboxPage)
+	mux.HandleFunc("GET "+jaeger.DuplicatesPath, s.duplicates)
+	mux.HandleFunc("GET "+jaeger.TracePath, s.tracePage)
 	mux.HandleFunc("POST /outbox/unpark/confirm", s.changing(s.unparkConfirm))
 	mux.HandleFunc("POST /outbox/unpark", s.changing(s.unpark))
 	cop := http.NewCrossOriginProtection()

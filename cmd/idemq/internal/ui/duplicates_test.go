@@ -1,0 +1,161 @@
+package ui_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/cmd/idemq/internal/ui"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// jaegerWait bounds each wait for the spans flushed to show in the pages.
+const jaegerWait = 30 * time.Second
+
+// TestDuplicatesFromJaeger produces a real duplicate through a consumer
+// whose spans go to a real Jaeger (OTLP), then reads it through the UI:
+// the Duplicates page lists it in its scope with both traces, the trace
+// page of the duplicate links to the original's trace, and that page shows
+// the original's spans. No raw key appears anywhere.
+func TestDuplicatesFromJaeger(t *testing.T) {
+	t.Parallel()
+	j := startJaeger(t)
+	te := testenv.New(t)
+	service := "idemq-test-ui-" + testdb.RandomHex(4)
+	tp := j.tracerProvider(t, service)
+	cfg, events := te.ConsumerConfig("idemq-test-ui-dup", "charge-ui")
+	cfg.TracerProvider = tp
+	// The raw key on the spans (idemq.key): the pages must still hide it.
+	cfg.LogKeys = true
+	te.Run(cfg, func(context.Context, pgx.Tx, *consumer.Delivery) (consumer.Response, error) {
+		return consumer.Response{Code: 201}, nil
+	})
+	const key = "pay-ui-secret-42"
+	te.Publish(cfg.Queue, key, `{"amount":10}`, nil)
+	orig := testenv.WaitOutcome(t, events, consumer.OutcomeProcessed)
+	te.Publish(cfg.Queue, key, `{"amount":10}`, nil)
+	dup := testenv.WaitOutcome(t, events, consumer.OutcomeDuplicate)
+	if dup.OriginalTraceID != orig.TraceID || dup.TraceID == orig.TraceID {
+		t.Fatalf("duplicate %s of %s, want a trace of its own linking to %s", dup.TraceID, dup.OriginalTraceID, orig.TraceID)
+	}
+	flushCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := tp.ForceFlush(flushCtx); err != nil {
+		t.Fatalf("flush spans to jaeger: %v", err)
+	}
+
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query; c.Schema = te.Schema })
+
+	// The Duplicates page: the duplicate in its scope, both traces linked.
+	var p page
+	testenv.Poll(t, jaegerWait, func(context.Context) bool {
+		p = e.get("/duplicates?service=" + service)
+		return p.code == http.StatusOK && strings.Contains(p.body, dup.TraceID) && strings.Contains(p.body, ">processed<")
+	}, func() string { return fmt.Sprintf("/duplicates (%d):\n%s", p.code, p.body) })
+	mustContain(t, p,
+		`id="scope-charge-ui"`, dup.KeyHash, "1 duplicate(s)",
+		`href="/trace?id=`+dup.TraceID+`#span-`, `href="/trace?id=`+orig.TraceID+`#span-`,
+		`<b class="outcome-processed">processed</b>`, cfg.Queue+" process", service,
+		"serves no UI of its own", // the local Jaeger has no UI assets
+	)
+	mustNotContain(t, p, key, "in Jaeger</a>", "Jaeger could not be read")
+	// Every service (the default) finds it too.
+	mustContain(t, e.get("/duplicates?lookback=15m"), dup.TraceID)
+	if n := strings.Count(p.body, `class="dup"`); n != 1 {
+		t.Errorf("%d duplicates listed, want 1", n)
+	}
+
+	// The duplicate's trace: its span, marked, with the link to the original.
+	p = e.get("/trace?id=" + dup.TraceID)
+	mustContain(t, p, "Trace "+dup.TraceID, cfg.Queue+" process", `<span class="outcome outcome-duplicate">duplicate</span>`,
+		"<b>duplicate of</b>", "idemq.duplicate_suppressed", "idemq.original.trace_id", orig.TraceID, dup.KeyHash,
+		"idemq.key</dt><dd>sha256:", `<svg class="bar"`)
+	mustNotContain(t, p, key, `id="open-in-jaeger"`)
+	link := regexp.MustCompile(`<a class="ref" href="(/trace\?id=` + orig.TraceID + `#span-[0-9a-f]{16})">`).FindStringSubmatch(p.body)
+	if link == nil {
+		t.Fatalf("no link to the original's trace in:\n%s", p.body)
+	}
+
+	// Following it: the original's spans, the process span and its children.
+	p = e.get(link[1])
+	if p.code != http.StatusOK {
+		t.Fatalf("GET %s: %d\n%s", link[1], p.code, p.body)
+	}
+	spanID := link[1][strings.Index(link[1], "#span-")+len("#span-"):]
+	mustContain(t, p, "Trace "+orig.TraceID, `id="span-`+spanID+`"`, cfg.Queue+" process",
+		"idemq reserve", "idemq handler", "idemq complete", `<span class="outcome outcome-processed">processed</span>`,
+		"idemq.consumer</dt><dd>charge-ui", service)
+	mustNotContain(t, p, key, "duplicate of")
+
+	// With --show-keys, the raw key is shown.
+	shown := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query; c.ShowKeys = true })
+	mustContain(t, shown.get("/trace?id="+dup.TraceID), "idemq.key</dt><dd>"+key)
+	mustContain(t, shown.get("/duplicates?service="+service), key)
+}
+
+// TestDuplicatesWithoutJaeger: without --jaeger-url the pages say how to
+// give one; a Jaeger that does not answer is a line on a whole page; a
+// trace id must be 32 hex digits; a trace Jaeger lacks is a 404 page.
+func TestDuplicatesWithoutJaeger(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	p := e.get("/duplicates")
+	if p.code != http.StatusOK {
+		t.Fatalf("/duplicates: %d", p.code)
+	}
+	mustContain(t, p, `id="no-jaeger"`, "--jaeger-url http://127.0.0.1:16686", "IDEMQ_JAEGER_URL", `<a href="/duplicates">Duplicates</a>`)
+	mustContain(t, e.get("/trace?id=4bf92f3577b34da6a3ce929d0e0e4736"), `id="no-jaeger"`)
+
+	down := newEnv(t, func(c *ui.Config) { c.JaegerURL = "http://127.0.0.1:1" })
+	p = down.get("/duplicates")
+	if p.code != http.StatusBadGateway {
+		t.Errorf("/duplicates with Jaeger down: %d, want 502", p.code)
+	}
+	mustContain(t, p, `id="jaeger-error"`, "Jaeger could not be read", `<a href="/keys">Key lookup</a>`)
+	p = down.get("/trace?id=4bf92f3577b34da6a3ce929d0e0e4736")
+	if p.code != http.StatusBadGateway {
+		t.Errorf("/trace with Jaeger down: %d, want 502", p.code)
+	}
+	mustContain(t, p, `id="trace-error"`, `<a href="/keys">Key lookup</a>`)
+
+	for _, bad := range []string{"", "4bf92f3577b34da6", "4bf92f3577b34da6a3ce929d0e0e47zz", "..%2F..%2Fapi%2Fservices", "00000000000000000000000000000000"} {
+		if p := down.get("/trace?id=" + bad); p.code != http.StatusBadRequest || !strings.Contains(p.body, "32 hex digits") {
+			t.Errorf("/trace?id=%s: %d, want 400", bad, p.code)
+		}
+	}
+	if _, err := ui.New(ui.Config{Pool: e.cfg.Pool, Dial: e.cfg.Dial, JaegerURL: "127.0.0.1:16686"}); err == nil {
+		t.Error("a Jaeger URL without a scheme was accepted")
+	}
+}
+
+// TestTraceNotInJaeger: a trace the Jaeger does not hold is a page saying
+// so, 404.
+func TestTraceNotInJaeger(t *testing.T) {
+	t.Parallel()
+	j := startJaeger(t)
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query })
+	p := e.get("/trace?id=" + testdb.RandomHex(16))
+	if p.code != http.StatusNotFound {
+		t.Fatalf("unknown trace: %d, want 404\n%s", p.code, p.body)
+	}
+	mustContain(t, p, `id="not-found"`)
+}
+
+// TestKeyPageLinksTheTracePage: with a Jaeger, the key page links the
+// first processing's trace to the UI's trace page, beside Jaeger's link.
+func TestKeyPageLinksTheTracePage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = "http://127.0.0.1:1" })
+	e.complete("order-7", dedup.Result{Outcome: dedup.OutcomeOK})
+	p := e.get("/keys?consumer=" + consumerName + "&key=order-7")
+	mustContain(t, p, `href="/trace?id=4bf92f3577b34da6a3ce929d0e0e4736"`, `href="http://127.0.0.1:1/trace/4bf92f3577b34da6a3ce929d0e0e4736"`)
+}
