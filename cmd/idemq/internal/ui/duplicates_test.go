@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -96,10 +99,42 @@ func TestDuplicatesFromJaeger(t *testing.T) {
 		"idemq.consumer</dt><dd>charge-ui", service)
 	mustNotContain(t, p, key, "duplicate of")
 
+	// A Jaeger that serves its UI (here: the real one's API behind a proxy
+	// that serves a page at /): "open in Jaeger" beside the UI's links.
+	withUI := jaegerWithUI(t, j.query)
+	e = newEnv(t, func(c *ui.Config) { c.JaegerURL = withUI })
+	p = e.get("/trace?id=" + dup.TraceID)
+	mustContain(t, p, `id="open-in-jaeger" href="`+withUI+`/trace/`+dup.TraceID+`"`)
+	p = e.get("/duplicates?service=" + service)
+	mustContain(t, p, `href="`+withUI+`/trace/`+orig.TraceID+`" rel="noreferrer">in Jaeger</a>`, `href="/trace?id=`+orig.TraceID+`#span-`)
+	mustNotContain(t, p, "serves no UI of its own")
+
 	// With --show-keys, the raw key is shown.
 	shown := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query; c.ShowKeys = true })
 	mustContain(t, shown.get("/trace?id="+dup.TraceID), "idemq.key</dt><dd>"+key)
 	mustContain(t, shown.get("/duplicates?service="+service), key)
+}
+
+// jaegerWithUI is a Jaeger with its UI: query's API behind a proxy that
+// serves a page of its own at /.
+func jaegerWithUI(t *testing.T, query string) string {
+	t.Helper()
+	target, err := url.Parse(query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	tr := &http.Transport{}
+	proxy.Transport = tr
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(`<!doctype html><html><head><title>Jaeger UI</title></head><body><div id="jaeger-ui-root"></div></body></html>`))
+	}))
+	t.Cleanup(func() { srv.Close(); tr.CloseIdleConnections() })
+	return srv.URL
 }
 
 // TestDuplicatesWithoutJaeger: without --jaeger-url the pages say how to
