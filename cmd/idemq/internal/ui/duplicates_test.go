@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger/jaegertest"
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -31,10 +32,10 @@ const jaegerWait = 30 * time.Second
 // the original's spans. No raw key appears anywhere.
 func TestDuplicatesFromJaeger(t *testing.T) {
 	t.Parallel()
-	j := startJaeger(t)
+	j := jaegertest.Start(t)
 	te := testenv.New(t)
 	service := "idemq-test-ui-" + testdb.RandomHex(4)
-	tp := j.tracerProvider(t, service)
+	tp := j.TracerProvider(t, service)
 	cfg, events := te.ConsumerConfig("idemq-test-ui-dup", "charge-ui")
 	cfg.TracerProvider = tp
 	// The raw key on the spans (idemq.key): the pages must still hide it.
@@ -56,7 +57,7 @@ func TestDuplicatesFromJaeger(t *testing.T) {
 		t.Fatalf("flush spans to jaeger: %v", err)
 	}
 
-	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query; c.Schema = te.Schema })
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.Query; c.Schema = te.Schema })
 
 	// The Duplicates page: the duplicate in its scope, both traces linked.
 	var p page
@@ -101,7 +102,7 @@ func TestDuplicatesFromJaeger(t *testing.T) {
 
 	// A Jaeger that serves its UI (here: the real one's API behind a proxy
 	// that serves a page at /): "open in Jaeger" beside the UI's links.
-	withUI := jaegerWithUI(t, j.query)
+	withUI := jaegerWithUI(t, j.Query)
 	e = newEnv(t, func(c *ui.Config) { c.JaegerURL = withUI })
 	p = e.get("/trace?id=" + dup.TraceID)
 	mustContain(t, p, `id="open-in-jaeger" href="`+withUI+`/trace/`+dup.TraceID+`"`)
@@ -110,7 +111,7 @@ func TestDuplicatesFromJaeger(t *testing.T) {
 	mustNotContain(t, p, "serves no UI of its own")
 
 	// With --show-keys, the raw key is shown.
-	shown := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query; c.ShowKeys = true })
+	shown := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.Query; c.ShowKeys = true })
 	mustContain(t, shown.get("/trace?id="+dup.TraceID), "idemq.key</dt><dd>"+key)
 	mustContain(t, shown.get("/duplicates?service="+service), key)
 }
@@ -176,8 +177,8 @@ func TestDuplicatesWithoutJaeger(t *testing.T) {
 // so, 404.
 func TestTraceNotInJaeger(t *testing.T) {
 	t.Parallel()
-	j := startJaeger(t)
-	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.query })
+	j := jaegertest.Start(t)
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = j.Query })
 	p := e.get("/trace?id=" + testdb.RandomHex(16))
 	if p.code != http.StatusNotFound {
 		t.Fatalf("unknown trace: %d, want 404\n%s", p.code, p.body)

@@ -1,4 +1,8 @@
-package ui_test
+// Package jaegertest gives tests a real Jaeger: the one deploy/jaeger
+// builds (its query API without the UI's assets, OTLP in, memory storage),
+// run by the test binary on ports of its own, or the one the environment
+// names.
+package jaegertest
 
 import (
 	"context"
@@ -20,18 +24,18 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// testJaeger is a real Jaeger (the one deploy/jaeger builds) for the tests
-// of this package: its query API (query) and its OTLP gRPC receiver (otlp).
-type testJaeger struct {
-	query, otlp string
+// Jaeger is a running Jaeger: the base URL of its query API (Query, e.g.
+// http://127.0.0.1:16686) and the host:port of its OTLP gRPC receiver.
+type Jaeger struct {
+	Query, OTLP string
 }
 
-// The package's own Jaeger, started by the first test that wants one, on
-// ports of its own (so that it never meets the Jaeger of another package's
-// tests, nor a developer's), and stopped by TestMain.
+// The test binary's own Jaeger, started by the first test that wants one,
+// on ports of its own (so that it never meets the Jaeger of another test
+// binary, nor a developer's), and stopped by Stop.
 var ownJaeger struct {
 	once sync.Once
-	j    *testJaeger
+	j    *Jaeger
 	err  error
 	cmd  *exec.Cmd
 	// exited delivers cmd's exit (the one call of Wait is runJaeger's).
@@ -39,19 +43,20 @@ var ownJaeger struct {
 	dir    string
 }
 
-// startJaeger returns the Jaeger of IDEMQ_TEST_JAEGER_QUERY_URL (with
-// IDEMQ_TEST_OTLP_ENDPOINT, default 127.0.0.1:4317), else the package's own:
-// deploy/jaeger's binary (build.sh builds it, about 10 minutes cold; make
-// test does first) run with its config on free ports. No Jaeger fails tb.
-func startJaeger(tb testing.TB) *testJaeger {
+// Start returns the Jaeger of IDEMQ_TEST_JAEGER_QUERY_URL (with
+// IDEMQ_TEST_OTLP_ENDPOINT, default 127.0.0.1:4317), else the test binary's
+// own: deploy/jaeger's binary (build.sh builds it, about 10 minutes cold;
+// make test does first) run with its config on free ports. No Jaeger fails
+// tb. TestMain calls Stop after the tests.
+func Start(tb testing.TB) *Jaeger {
 	tb.Helper()
 	if q := os.Getenv("IDEMQ_TEST_JAEGER_QUERY_URL"); q != "" {
-		j := &testJaeger{query: strings.TrimRight(q, "/"), otlp: "127.0.0.1:4317"}
+		j := &Jaeger{Query: strings.TrimRight(q, "/"), OTLP: "127.0.0.1:4317"}
 		if v := os.Getenv("IDEMQ_TEST_OTLP_ENDPOINT"); v != "" {
-			j.otlp = v
+			j.OTLP = v
 		}
-		if !answers(j.query) {
-			tb.Fatalf("jaeger: IDEMQ_TEST_JAEGER_QUERY_URL=%s does not answer on /api/services", j.query)
+		if !answers(j.Query) {
+			tb.Fatalf("jaeger: IDEMQ_TEST_JAEGER_QUERY_URL=%s does not answer on /api/services", j.Query)
 		}
 		return j
 	}
@@ -62,11 +67,27 @@ func startJaeger(tb testing.TB) *testJaeger {
 	return ownJaeger.j
 }
 
-// deployJaeger is deploy/jaeger, from this package's directory.
-var deployJaeger = filepath.Join("..", "..", "..", "..", "deploy", "jaeger")
+// deployJaeger finds deploy/jaeger in the directories above the test's.
+func deployJaeger() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		d := filepath.Join(dir, "deploy", "jaeger")
+		if _, err := os.Stat(filepath.Join(d, "build.sh")); err == nil {
+			return d, nil
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return "", errors.New("no deploy/jaeger/build.sh above the test's directory")
+		}
+		dir = up
+	}
+}
 
-func runJaeger() (*testJaeger, error) {
-	dir, err := filepath.Abs(deployJaeger)
+func runJaeger() (*Jaeger, error) {
+	dir, err := deployJaeger()
 	if err != nil {
 		return nil, err
 	}
@@ -112,9 +133,9 @@ func runJaeger() (*testJaeger, error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	ownJaeger.exited = exited
-	j := &testJaeger{query: "http://" + ports["127.0.0.1:16686"], otlp: ports["127.0.0.1:4317"]}
+	j := &Jaeger{Query: "http://" + ports["127.0.0.1:16686"], OTLP: ports["127.0.0.1:4317"]}
 	deadline := time.After(time.Minute)
-	for !answers(j.query) {
+	for !answers(j.Query) {
 		select {
 		case err := <-exited:
 			log, _ := os.ReadFile(logf.Name())
@@ -122,15 +143,15 @@ func runJaeger() (*testJaeger, error) {
 			return nil, fmt.Errorf("%s exited (%v):\n%s", bin, err, log)
 		case <-deadline:
 			log, _ := os.ReadFile(logf.Name())
-			return nil, fmt.Errorf("%s does not answer at %s after a minute:\n%s", bin, j.query, log)
+			return nil, fmt.Errorf("%s does not answer at %s after a minute:\n%s", bin, j.Query, log)
 		case <-time.After(50 * time.Millisecond): // polling its HTTP API: nothing to wait on
 		}
 	}
 	return j, nil
 }
 
-// stopJaeger stops the package's own Jaeger, if a test started it.
-func stopJaeger() {
+// Stop stops the test binary's own Jaeger, if a test started it.
+func Stop() {
 	if ownJaeger.cmd != nil && ownJaeger.cmd.Process != nil {
 		_ = ownJaeger.cmd.Process.Kill()
 		<-ownJaeger.exited
@@ -159,11 +180,12 @@ func answers(query string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// tracerProvider returns an SDK provider exporting to j over OTLP gRPC as
-// service; it is shut down when tb ends.
-func (j *testJaeger) tracerProvider(tb testing.TB, service string) *sdktrace.TracerProvider {
+// TracerProvider returns an SDK provider exporting to j over OTLP gRPC
+// with a batch span processor, as service; it is shut down when tb ends.
+// ForceFlush it before reading: Jaeger stores the spans before it answers.
+func (j *Jaeger) TracerProvider(tb testing.TB, service string) *sdktrace.TracerProvider {
 	tb.Helper()
-	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpoint(j.otlp), otlptracegrpc.WithInsecure())
+	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpoint(j.OTLP), otlptracegrpc.WithInsecure())
 	if err != nil {
 		tb.Fatalf("otlp exporter: %v", err)
 	}
