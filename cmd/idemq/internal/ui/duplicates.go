@@ -192,7 +192,7 @@ func (s *Server) readDuplicates(ctx context.Context, v *duplicatesView) error {
 					row.OrigCompleted = sp.End()
 				}
 			} else {
-				row.OrigMissing = "the original's span is not in its trace"
+				row.OrigMissing = "its span is not in Jaeger (a worker killed before it exported its spans?)"
 			}
 		default:
 			row.OrigMissing = "not read (too many originals on one page)"
