@@ -195,3 +195,86 @@ func TestKeyPageLinksTheTracePage(t *testing.T) {
 	p := e.get("/keys?consumer=" + consumerName + "&key=order-7")
 	mustContain(t, p, `href="/trace?id=4bf92f3577b34da6a3ce929d0e0e4736"`, `href="http://127.0.0.1:1/trace/4bf92f3577b34da6a3ce929d0e0e4736"`)
 }
+
+// TestDuplicatesBehindTheDoors: the two pages are behind the UI's Host
+// guard and token like every page, with its strict CSP.
+func TestDuplicatesBehindTheDoors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *ui.Config) { c.Token = token; c.JaegerURL = "http://127.0.0.1:1" })
+	for _, path := range []string{"/duplicates", "/trace?id=4bf92f3577b34da6a3ce929d0e0e4736"} {
+		if p := e.get(path); p.code != http.StatusSeeOther || !strings.HasPrefix(p.location, "/login?next=") {
+			t.Errorf("GET %s without the token: %d %q", path, p.code, p.location)
+		}
+		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Host = "rebound.example"
+		if p := e.do(req); p.code != http.StatusMisdirectedRequest {
+			t.Errorf("GET %s for another host: %d", path, p.code)
+		}
+		req, _ = http.NewRequest(http.MethodGet, e.srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "default-src 'none'") {
+			t.Errorf("GET %s with the token: %d, CSP %q", path, resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+		}
+	}
+}
+
+// sameTraceRetry is an HTTP client's trace as Jaeger's API gives it: the
+// client's span, its first request (processed) and its retry, a suppressed
+// duplicate whose link points into the same trace.
+const sameTraceRetry = `{"data":[{"traceID":"5b8efff798038103d269b633813fc60c","spans":[
+{"traceID":"5b8efff798038103d269b633813fc60c","spanID":"aaaaaaaaaaaaaaaa","operationName":"checkout POST","references":[],
+ "startTime":1796028489000000,"duration":900000,"tags":[{"key":"span.kind","type":"string","value":"client"}],"logs":[],"processID":"p1"},
+{"traceID":"5b8efff798038103d269b633813fc60c","spanID":"bbbbbbbbbbbbbbbb","operationName":"idemq request",
+ "references":[{"refType":"CHILD_OF","traceID":"5b8efff798038103d269b633813fc60c","spanID":"aaaaaaaaaaaaaaaa"}],
+ "startTime":1796028489100000,"duration":300000,"tags":[{"key":"idemq.outcome","type":"string","value":"processed"},
+ {"key":"idemq.consumer","type":"string","value":"orders-api"},{"key":"idemq.key_hash","type":"string","value":"0123456789ab"}],"logs":[],"processID":"p2"},
+{"traceID":"5b8efff798038103d269b633813fc60c","spanID":"cccccccccccccccc","operationName":"idemq request",
+ "references":[{"refType":"CHILD_OF","traceID":"5b8efff798038103d269b633813fc60c","spanID":"aaaaaaaaaaaaaaaa"},
+  {"refType":"FOLLOWS_FROM","traceID":"5b8efff798038103d269b633813fc60c","spanID":"bbbbbbbbbbbbbbbb"}],
+ "startTime":1796028489600000,"duration":2000,"tags":[{"key":"idemq.outcome","type":"string","value":"duplicate"},
+ {"key":"idemq.consumer","type":"string","value":"orders-api"},{"key":"idemq.key_hash","type":"string","value":"0123456789ab"},
+ {"key":"idemq.tenant","type":"string","value":"acme"},{"key":"otel.status_code","type":"string","value":"ERROR"}],
+ "logs":[{"timestamp":1796028489601000,"fields":[{"key":"event","type":"string","value":"idemq.duplicate_suppressed"},
+  {"key":"idemq.original.completed_at","type":"string","value":"2026-12-01T10:00:00Z"}]}],"processID":"p2"}],
+"processes":{"p1":{"serviceName":"shop"},"p2":{"serviceName":"orders"}},"warnings":null}],"errors":null}`
+
+// TestDuplicateInItsOwnTrace: an HTTP retry in the trace of the request it
+// repeats links within the page; a service Jaeger fails to search is a
+// note, the others are listed (a Jaeger v2 answer recorded above).
+func TestDuplicateInItsOwnTrace(t *testing.T) {
+	t.Parallel()
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/api/services":
+			_, _ = w.Write([]byte(`{"data":["broken","orders","shop"],"errors":null}`))
+		case r.URL.Path == "/api/traces" && r.FormValue("service") == "broken":
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"data":null,"errors":[{"code":500,"msg":"storage on fire"}]}`))
+		case r.URL.Path == "/api/traces" && r.FormValue("service") == "orders",
+			r.URL.Path == "/api/traces/5b8efff798038103d269b633813fc60c":
+			_, _ = w.Write([]byte(sameTraceRetry))
+		case r.URL.Path == "/api/traces":
+			_, _ = w.Write([]byte(`{"data":[],"errors":null}`))
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	t.Cleanup(fake.Close)
+	e := newEnv(t, func(c *ui.Config) { c.JaegerURL = fake.URL })
+	p := e.get("/duplicates?lookback=48h")
+	if p.code != http.StatusOK {
+		t.Fatalf("/duplicates: %d\n%s", p.code, p.body)
+	}
+	mustContain(t, p, `id="scope-orders-api"`, "0123456789ab", "<td>acme</td>", "storage on fire",
+		`<b class="outcome-processed">processed</b>`, "(the same trace)", `href="/trace?id=5b8efff798038103d269b633813fc60c#span-bbbbbbbbbbbbbbbb"`)
+	p = e.get("/trace?id=5b8efff798038103d269b633813fc60c")
+	mustContain(t, p, `<a class="ref" href="#span-bbbbbbbbbbbbbbbb">span bbbbbbbbbbbbbbbb of this trace</a>`,
+		`<td class="depth-0"><b>checkout POST</b>`, `<td class="depth-1"><b>idemq request</b>`, "shop, orders",
+		`<span class="error">error</span>`, "+600ms", "900ms", `<rect x="666" y="0" width="2"`)
+}
