@@ -96,3 +96,22 @@ func TestDemoUIShowsADuplicate(t *testing.T) {
 		t.Fatalf("demo exit %d:\n%s", code, p.stderr.String())
 	}
 }
+
+// `idemq ui --jaeger-url` refuses what is not a base URL (exit 2), and
+// prints the Duplicates page's link once it listens.
+func TestUIJaegerURL(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	if r := idemq(t, env(schema), "ui", "--listen", "127.0.0.1:0", "--jaeger-url", "127.0.0.1:16686"); r.code != 2 || !strings.Contains(r.stderr, "--jaeger-url") {
+		t.Fatalf("ui --jaeger-url without a scheme: %s", r)
+	}
+	p := start(t, "ui", env(schema, "IDEMQ_JAEGER_URL=http://127.0.0.1:1/"), "ui", "--listen", "127.0.0.1:0")
+	addr := waitServing(t, p)
+	want := "duplicates and traces from Jaeger at http://127.0.0.1:1: http://" + addr + "/duplicates"
+	testenv.Poll(t, 10*time.Second, func(context.Context) bool { return strings.Contains(p.stderr.String(), want) },
+		func() string { return "want " + want + " in:\n" + p.stderr.String() })
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 15*time.Second); code != 0 {
+		t.Fatalf("ui exit %d:\n%s", code, p.stderr.String())
+	}
+}

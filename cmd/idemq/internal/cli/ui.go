@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/hostguard"
@@ -102,6 +103,11 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				}
 				qs = append(qs, ui.Queue{Topology: consumer.NewTopology(topo.config()), Consumer: consumerName})
 			}
+			if jaegerURL = strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"); jaegerURL != "" {
+				if _, err := jaeger.New(jaegerURL, nil); err != nil {
+					return usagef("--jaeger-url: %w", err)
+				}
+			}
 			if err := a.checkAMQPURL(); err != nil {
 				return err
 			}
@@ -114,7 +120,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			srv, err := ui.New(ui.Config{
 				Pool: pool, Schema: a.schema, HashKeys: hashKeys,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
-				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
+				Queues: qs, JaegerURL: jaegerURL,
 				Listen: listen, AllowHosts: allowHosts,
 				Token: token, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, Logger: a.log,
 			})
@@ -126,6 +132,9 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
 			fmt.Fprintf(a.stdout, "idemq ui: serving http://%s/\n", ln.Addr())
+			if jaegerURL != "" {
+				fmt.Fprintf(a.stdout, "  duplicates and traces from Jaeger at %s: http://%s%s\n", jaegerURL, ln.Addr(), jaeger.DuplicatesPath)
+			}
 			return ui.Serve(ctx, ln, srv)
 		}),
 	}
