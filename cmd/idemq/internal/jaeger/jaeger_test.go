@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -223,5 +225,57 @@ func TestHasUI(t *testing.T) {
 	}
 	if got := jaeger.TracePageURL("http://127.0.0.1:8089/", "ab"); got != "http://127.0.0.1:8089/trace?id=ab" {
 		t.Errorf("trace page URL %s", got)
+	}
+}
+
+// TestRecordedV2 reads answers recorded from the local Jaeger v2.13 of
+// deploy/jaeger (testdata/, from TestDuplicatesFromJaeger of package ui):
+// the search for duplicates of a service, and the original's trace.
+func TestRecordedV2(t *testing.T) {
+	t.Parallel()
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	const orig = "86615c94edc83e5b123eff83bfbff179"
+	c, _ := api(t, map[string]string{"/api/traces": read("v2-find-duplicates.json"), "/api/traces/" + orig: read("v2-trace-original.json")})
+	found, err := c.Find(context.Background(), jaeger.Query{Service: "idemq-test-ui-4085d671", Tags: jaeger.DuplicateTags()})
+	if err != nil || len(found) != 1 {
+		t.Fatalf("find: %d traces, %v", len(found), err)
+	}
+	dups := found[0].Duplicates()
+	if len(dups) != 1 {
+		t.Fatalf("duplicates %+v", dups)
+	}
+	d := dups[0]
+	if d.Consumer != "charge-ui" || d.KeyHash == "" || d.OriginalTrace != orig || d.OriginalSpan == "" || d.OriginalCompleted.IsZero() {
+		t.Errorf("duplicate %+v", d)
+	}
+	if d.Span.Name != "idemq-test-ui-dup.0622fc0089 process" || d.Span.Service != "idemq-test-ui-4085d671" || d.Span.Kind() != "consumer" || d.Span.ParentID != "" {
+		t.Errorf("duplicate's span %+v", d.Span)
+	}
+	if tree := found[0].Tree(); len(tree) != 2 || tree[0].Span != d.Span || tree[1].Name != "idemq reserve" || tree[1].Depth != 1 {
+		t.Errorf("tree of the duplicate's trace: %+v", tree)
+	}
+	tr, err := c.Trace(context.Background(), orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := tr.Span(d.OriginalSpan)
+	if sp == nil {
+		t.Fatalf("the original's span %s is not in its trace", d.OriginalSpan)
+	}
+	if o, _ := sp.Tag(jaeger.AttrOutcome); o != "processed" || sp.End().After(d.Span.Start) {
+		t.Errorf("original %s outcome %q, ended %v, the duplicate started %v", sp.Name, o, sp.End(), d.Span.Start)
+	}
+	var names []string
+	for _, s := range tr.Tree() {
+		names = append(names, strings.Repeat(" ", s.Depth)+s.Name)
+	}
+	if got := strings.Join(names, ","); got != "idemq-test-ui-dup.0622fc0089 process, idemq reserve, idemq handler, idemq complete" {
+		t.Errorf("the original's tree: %s", got)
 	}
 }
