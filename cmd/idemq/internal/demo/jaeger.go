@@ -77,6 +77,7 @@ func jaegerServesUI(ctx context.Context, base string) bool {
 	if err != nil {
 		return true
 	}
+	defer c.Close()
 	ui, err := c.HasUI(ctx)
 	return ui || err != nil
 }

@@ -69,7 +69,8 @@ var ErrNotFound = errors.New("trace not found in Jaeger")
 
 // Config configures a Client. The zero value is valid.
 type Config struct {
-	// HTTPClient makes the requests. Default: a client with Timeout.
+	// HTTPClient makes the requests. Default: a client of its own (its own
+	// connections) with Timeout.
 	HTTPClient *http.Client
 	// Timeout bounds each request. Default DefaultTimeout.
 	Timeout time.Duration
@@ -108,10 +109,13 @@ func New(base string, cfg *Config) (*Client, error) {
 		hc:      cfg.HTTPClient,
 	}
 	if c.hc == nil {
-		c.hc = &http.Client{Timeout: c.timeout}
+		c.hc = &http.Client{Timeout: c.timeout, Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
 	return c, nil
 }
+
+// Close closes the client's idle connections to the Jaeger.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
 // Base is the Jaeger's base URL, without a trailing slash.
 func (c *Client) Base() string { return c.base }

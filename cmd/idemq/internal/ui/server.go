@@ -195,6 +195,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.S
 // and for the DLQ sampler to stop.
 func (s *Server) Close(ctx context.Context) {
 	s.jobs.stop(ctx)
+	if s.jaeger != nil {
+		s.jaeger.Close()
+	}
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if s.conn != nil {
