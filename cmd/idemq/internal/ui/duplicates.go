@@ -3,6 +3,7 @@ package ui
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -231,8 +232,11 @@ func (s *Server) originals(ctx context.Context, dups []jaeger.Duplicate) map[str
 	got := make([]original, len(ids))
 	each(len(ids), func(i int) {
 		t, err := s.jaeger.Trace(ctx, ids[i])
-		if err != nil {
-			err = fmt.Errorf("the original's trace: %s", errText(err))
+		switch {
+		case errors.Is(err, jaeger.ErrNotFound):
+			err = errors.New("its trace is not in Jaeger (not sampled, not exported, or past Jaeger's retention)")
+		case err != nil:
+			err = fmt.Errorf("its trace could not be read: %s", errText(err))
 		}
 		got[i] = original{trace: t, err: err}
 	})
