@@ -53,14 +53,21 @@ lint: ## gofmt check, go vet, and golangci-lint when it is on PATH
 		echo 'golangci-lint not on PATH: skipped (go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest)'; \
 	fi
 
-demo: up ## Run the payments scenario end to end (idemq demo), traced into the local Jaeger when it is built
+demo: up ## Run the payments scenario end to end (idemq demo), traced into the local Jaeger when it is built (ARGS=--ui builds it)
 	@# With the local Jaeger built (make jaeger, or the first make test) and
 	@# nothing answering, start it for the run and stop it after: the report
-	@# then links a suppressed duplicate to its original processing.
+	@# then links a suppressed duplicate to its original processing. With
+	@# ARGS=--ui, build it first if needed (once, about 10 minutes), so that
+	@# the UI's Duplicates and trace pages have traces to show.
 	@started=; \
-	if [[ -z "$${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]] && ! curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:16686/api/services 2>/dev/null \
-		&& bash deploy/jaeger/build.sh --cached >/dev/null; then \
-		bash deploy/jaeger/run.sh && started=1; \
+	if [[ -z "$${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]] && ! curl -fsS -o /dev/null --max-time 2 http://127.0.0.1:16686/api/services 2>/dev/null; then \
+		if [[ " $(ARGS) " == *" --ui "* ]] && ! bash deploy/jaeger/build.sh --cached >/dev/null; then \
+			echo "building the local Jaeger once (about 10 minutes on 2 cores, cached in ~/.cache/idemq), for idemq ui's traces"; \
+			bash deploy/jaeger/build.sh >/dev/null; \
+		fi; \
+		if bash deploy/jaeger/build.sh --cached >/dev/null; then \
+			bash deploy/jaeger/run.sh && started=1; \
+		fi; \
 	fi; \
 	rc=0; $(GO) run ./cmd/idemq demo $(ARGS) || rc=$$?; \
 	if [[ -n "$$started" && -z "$${KEEP_JAEGER:-}" ]]; then \

@@ -373,6 +373,18 @@ func TestKeysInspect(t *testing.T) {
 			got["trace_url"] != "http://jaeger:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736" {
 			t.Errorf("completed key: %s", r.stdout)
 		}
+		// The UI's trace page, from --ui-url or IDEMQ_UI_URL.
+		r = mustRun(t, env(schema, "IDEMQ_UI_URL=http://127.0.0.1:8089/"), append(args, "--json")...)
+		if !strings.Contains(r.stdout, `"ui_trace_url": "http://127.0.0.1:8089/trace?id=4bf92f3577b34da6a3ce929d0e0e4736"`) {
+			t.Errorf("ui_trace_url from IDEMQ_UI_URL: %s", r.stdout)
+		}
+		r = mustRun(t, env(schema), append(args, "--ui-url", "http://ui.example:8089")...)
+		if !strings.Contains(r.stdout, "ui trace:") || !strings.Contains(r.stdout, "http://ui.example:8089/trace?id=4bf92f3577b34da6a3ce929d0e0e4736") {
+			t.Errorf("ui trace line: %s", r.stdout)
+		}
+		if r := idemq(t, env(schema), append(args, "--ui-url", "127.0.0.1:8089")...); r.code != 2 {
+			t.Errorf("--ui-url without a scheme: %s", r)
+		}
 	}
 	r := idemq(t, env(schema), "keys", "inspect", "--consumer", "charge", "absent")
 	if r.code != 1 || !strings.Contains(r.stderr, "key not found") {

@@ -1,14 +1,17 @@
 package cli
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/cmd/idemq/internal/keys"
 	"github.com/idemq/idemq/dedup"
 )
@@ -18,6 +21,7 @@ func (a *app) keysCommand() *cobra.Command {
 		name, tenant string
 		hashed       bool
 		asJSON       bool
+		uiURL        string
 	)
 	inspect := &cobra.Command{
 		Use:   "inspect --consumer C [--tenant T] KEY",
@@ -26,9 +30,14 @@ func (a *app) keysCommand() *cobra.Command {
 released with the reason it was given up for, or completed), attempts, lease
 (locked until, still valid?), outcome, stored response code, rejection reason
 and size, recovery point and committed steps, creation and
-completion times, and the trace id of its first processing. When the
-environment variable IDEMQ_JAEGER_URL is set (e.g. http://localhost:16686), the
-trace is also given as a link, $IDEMQ_JAEGER_URL/trace/<trace id>.
+completion times, and the trace id of its first processing. With --ui-url
+(or IDEMQ_UI_URL), the base URL of a running idemq ui started with
+--jaeger-url, the trace is given as a link to that UI's trace page,
+<ui-url>/trace?id=<trace id>, which shows it from any Jaeger's query API.
+When the environment variable IDEMQ_JAEGER_URL is set (e.g.
+http://localhost:16686), the trace is also given as a link into Jaeger's own
+UI, $IDEMQ_JAEGER_URL/trace/<trace id> (which only a Jaeger that serves its UI
+opens; the local one of make jaeger serves none).
 
 Give --hashed when the store keeps hashed keys (forward --hash-keys): KEY is
 then hashed the same way before the lookup. The raw key is never printed; its
@@ -36,6 +45,7 @@ short hash is. Exits 1 with "key not found" and the scope it looked in when
 the key has no row.`,
 		Example: `  idemq keys inspect --consumer charge order-42
   idemq keys inspect --consumer charge --tenant acme --json order-42
+  idemq keys inspect --consumer charge --ui-url http://127.0.0.1:8089 order-42
   IDEMQ_JAEGER_URL=http://localhost:16686 idemq keys inspect --consumer charge order-42`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -50,6 +60,10 @@ the key has no row.`,
 			key := args[0]
 			if err := dedup.ValidateKey(key); err != nil {
 				return usagef("KEY: %v", err)
+			}
+			uiURL = cmp.Or(uiURL, a.getenv("IDEMQ_UI_URL"))
+			if u, err := url.Parse(uiURL); uiURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+				return usagef("--ui-url %q: want the UI's base URL, e.g. http://127.0.0.1:8089", uiURL)
 			}
 			ctx := cmd.Context()
 			pool, err := a.openStorePool(ctx, 2)
@@ -66,6 +80,7 @@ the key has no row.`,
 			if err != nil {
 				return err
 			}
+			r.UITraceURL = jaeger.TracePageURL(uiURL, r.TraceID)
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
@@ -80,6 +95,7 @@ the key has no row.`,
 	f.StringVar(&tenant, "tenant", "", "the tenant of the key (default: the default tenant, empty)")
 	f.BoolVar(&hashed, "hashed", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.StringVar(&uiURL, "ui-url", "", "base URL of a running idemq ui, to link the trace to its trace page (env IDEMQ_UI_URL)")
 	requireFlags(inspect, "consumer")
 	return group("keys", "Inspect idempotency keys", "", inspect)
 }
@@ -135,6 +151,9 @@ func printKey(a *app, r keys.Report) {
 	line("created", "%s", ts(&r.CreatedAt))
 	line("completed", "%s", ts(r.CompletedAt))
 	line("trace id", "%s", dash(r.TraceID))
+	if r.UITraceURL != "" {
+		line("ui trace", "%s", r.UITraceURL)
+	}
 	if r.TraceURL != "" {
 		line("trace", "%s", r.TraceURL)
 	}

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -39,7 +40,10 @@ consumer scope's keys, each --queue's depth, retry tiers and dead letters by
 reason, and the outbox backlog; the dead letters of a queue with their headers
 and bodies, replayed one, a selection or all of one reason (as idemq dlq replay
 does); the row of one key (as idemq keys inspect shows it); the outbox's
-pending and parked rows, unparked after a confirmation.
+pending and parked rows, unparked after a confirmation. With --jaeger-url, the
+recent suppressed duplicates per consumer scope (/duplicates) and any trace
+(/trace?id=TRACEID) as a timeline whose span links open the linked trace,
+read from the query API of that Jaeger (v1 or v2, with or without its UI).
 
 --queue Q=CONSUMER names the consumer scope whose keys Q's messages claim, so
 that a dead letter's key hash is the key_hash of the logs and spans. Q's retry
@@ -109,6 +113,11 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				}
 				qs = append(qs, ui.Queue{Topology: consumer.NewTopology(topo.config()), Consumer: consumerName})
 			}
+			if jaegerURL = strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"); jaegerURL != "" {
+				if _, err := jaeger.New(jaegerURL, nil); err != nil {
+					return usagef("--jaeger-url: %w", err)
+				}
+			}
 			if err := a.checkAMQPURL(); err != nil {
 				return err
 			}
@@ -121,7 +130,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			srv, err := ui.New(ui.Config{
 				Pool: pool, Schema: a.schema, HashKeys: hashKeys,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
-				Queues: qs, JaegerURL: strings.TrimRight(cmp.Or(jaegerURL, a.getenv("IDEMQ_JAEGER_URL")), "/"),
+				Queues: qs, JaegerURL: jaegerURL,
 				Listen: listen, AllowHosts: allowHosts,
 				Tokens: tokens, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, Logger: a.log,
 			})
@@ -133,13 +142,16 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
 			fmt.Fprintf(a.stdout, "idemq ui: serving http://%s/\n", ln.Addr())
+			if jaegerURL != "" {
+				fmt.Fprintf(a.stdout, "  duplicates and traces from Jaeger at %s: http://%s%s\n", jaegerURL, ln.Addr(), jaeger.DuplicatesPath)
+			}
 			return ui.Serve(ctx, ln, srv)
 		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", DefaultUIListen, "address to listen on (host:port); anything but loopback needs --auth-token-file")
 	f.StringArrayVar(&queues, "queue", nil, "a work queue to show, as Q or Q=CONSUMER (repeatable)")
-	f.StringVar(&jaegerURL, "jaeger-url", "", "Jaeger UI base URL, to link a key's first processing to its trace (env IDEMQ_JAEGER_URL)")
+	f.StringVar(&jaegerURL, "jaeger-url", "", "base URL of the Jaeger the workers export to (its query API, with or without its UI): the Duplicates and trace pages read it, the key page links to them (env IDEMQ_JAEGER_URL)")
 	f.StringSliceVar(&allowHosts, "allow-host", nil, "a host name the UI answers to beyond its address and localhost, e.g. idemq-ui.internal or *.example.com (repeatable; requests naming another host get 421)")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding the token every request must carry (bearer, or the login form's cookie)")
 	f.BoolVar(&readOnly, "read-only", false, "refuse every change (replay, unpark)")

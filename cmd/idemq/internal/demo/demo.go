@@ -137,7 +137,7 @@ func (r *runner) run(ctx context.Context) (Report, error) {
 	}
 	rep.print(r.w)
 	if o.UIListen != "" && ctx.Err() == nil {
-		if err := r.serveUI(ctx); err != nil {
+		if err := r.serveUI(ctx, rep); err != nil {
 			return rep, err
 		}
 	}

@@ -61,6 +61,13 @@ func TestDuplicateWithoutTheLinkIsReported(t *testing.T) {
 	if err := duplicateLinked(context.Background(), base, dupTrace, origTrace); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Fatalf("check without the original trace: %v", err)
 	}
+	// The original trace holds only its publisher's span: the worker that
+	// processed it was killed before it exported its own.
+	publisherOnly := `{"data":[{"spans":[{"spanID":"1111111111111111","tags":[]}]}]}`
+	base = jaegerAPI(t, map[string]string{dupTrace: dupSpans, origTrace: publisherOnly})
+	if err := duplicateLinked(context.Background(), base, dupTrace, origTrace); err == nil || !strings.Contains(err.Error(), "lacks the span 00f067aa0ba902b7") {
+		t.Fatalf("check of an original without its processing span: %v", err)
+	}
 }
 
 func TestNoJaegerFailsAtOnce(t *testing.T) {

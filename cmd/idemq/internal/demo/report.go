@@ -255,6 +255,10 @@ ORDER BY key_hash = ANY($1) DESC, id LIMIT $2`, burstHashes, traceCandidates)
 		} else {
 			rep.TraceLink += indent + "(both traces found in Jaeger, the link checked)"
 		}
+		if !jaegerServesUI(ctx, r.o.JaegerURL) {
+			rep.TraceLink += indent + "(this Jaeger serves its query API but no UI: its links open a placeholder page;" +
+				indent + " idemq demo --ui, or make demo ARGS=--ui, shows both traces in idemq ui)"
+		}
 	case rep.DuplicateTraceID != "":
 		rep.TraceLink = fmt.Sprintf("trace %s, original processing in trace %s (set %s for a Jaeger link)",
 			rep.DuplicateTraceID, rep.OriginalTraceID, JaegerURLEnv)

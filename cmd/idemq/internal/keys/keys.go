@@ -45,6 +45,9 @@ type Report struct {
 	CreatedAt       time.Time  `json:"created_at"`
 	UpdatedAt       time.Time  `json:"updated_at"`
 	CompletedAt     *time.Time `json:"completed_at"`
+	// UITraceURL is the trace's page on an idemq UI (`idemq ui`, whose
+	// base URL the caller knows: keys inspect's --ui-url); "" otherwise.
+	UITraceURL string `json:"ui_trace_url"`
 }
 
 // StateReleased is how a report shows an in-progress row whose holder gave

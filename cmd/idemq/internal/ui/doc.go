@@ -22,6 +22,12 @@
 //     processing's trace in Jaeger.
 //   - /outbox: pending and parked rows; unpark one, a selection or all, after
 //     a confirmation page.
+//   - /duplicates and /trace?id=TRACEID, with Config.JaegerURL: the recent
+//     suppressed duplicates per consumer scope, each with its trace and the
+//     original processing's, and one trace as a timeline whose span links
+//     open the linked trace, read from Jaeger's query API (package
+//     cmd/idemq/internal/jaeger), which any Jaeger serves, with or without
+//     its own UI.
 //
 // # Safety
 //

@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger/jaegertest"
 	"github.com/idemq/idemq/cmd/idemq/internal/ui"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -32,6 +33,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	jaegertest.Stop()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)

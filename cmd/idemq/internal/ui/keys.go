@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/cmd/idemq/internal/keys"
 	"github.com/idemq/idemq/dedup"
 )
@@ -27,6 +28,8 @@ type keyView struct {
 	Response              content
 	HasResponse           bool
 	Now                   time.Time
+	// TracePage is the UI's page of the first processing's trace (with a Jaeger).
+	TracePage string
 	// Where says where the key's message is now; Replays are the replays
 	// that moved a message with the key, the newest first.
 	Where      []place
@@ -86,6 +89,9 @@ func (s *Server) lookup(ctx context.Context, v *keyView) int {
 		return http.StatusBadGateway
 	}
 	v.Report = rep
+	if s.jaeger != nil && rep.TraceID != "" {
+		v.TracePage = jaeger.TracePath + "?id=" + rep.TraceID
+	}
 	if rec.Result != nil {
 		v.HasResponse = true
 		v.Response = showContent(rec.Result.Response, s.cfg.BodyLimit)

@@ -16,7 +16,7 @@ import (
 )
 
 // pageNames are the templates under templates/, each rendered inside base.html.
-var pageNames = []string{"overview", "dlq", "letter", "replay_confirm", "job", "keys", "outbox", "unpark_confirm", "audit", "login", "error"}
+var pageNames = []string{"overview", "dlq", "letter", "replay_confirm", "job", "keys", "outbox", "unpark_confirm", "audit", "login", "error", "duplicates", "trace"}
 
 var funcs = template.FuncMap{
 	"ts": func(t any) string {

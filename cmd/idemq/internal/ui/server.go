@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/audit"
+	"github.com/idemq/idemq/cmd/idemq/internal/jaeger"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/hostguard"
@@ -59,7 +60,9 @@ type Config struct {
 	Dial func() (*amqp.Connection, error)
 	// Queues are the work queues shown.
 	Queues []Queue
-	// JaegerURL, when set, links a key's first processing to its trace.
+	// JaegerURL, when set, is the Jaeger whose query API the Duplicates
+	// and trace pages read (its base URL, e.g. http://127.0.0.1:16686),
+	// and links a key's first processing to its trace.
 	JaegerURL string
 	// Listen is the address the server listens on (host:port, as given to
 	// net.Listen). With AllowHosts it decides which Host values the server
@@ -143,6 +146,9 @@ type Server struct {
 	arrivals arrivals
 	// audit records what the operators change.
 	audit *audit.Recorder
+
+	// jaeger reads Config.JaegerURL's query API (nil without one).
+	jaeger *jaeger.Client
 }
 
 // New returns the server cfg describes.
@@ -181,6 +187,9 @@ func New(cfg Config) (*Server, error) {
 	byName := func(a, b Queue) int { return strings.Compare(a.Topology.Queue, b.Topology.Queue) }
 	s.shown = slices.CompactFunc(slices.SortedStableFunc(slices.Values(cfg.Queues), byName),
 		func(a, b Queue) bool { return byName(a, b) == 0 })
+	if s.jaeger, err = newJaeger(cfg.JaegerURL); err != nil {
+		return nil, fmt.Errorf("ui: --jaeger-url: %w", err)
+	}
 	tokens := slices.Clone(cfg.Tokens)
 	if cfg.Token != "" {
 		tokens = append(tokens, Token{Name: DefaultTokenName, Secret: cfg.Token})
@@ -204,6 +213,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.S
 // and for the DLQ sampler to stop.
 func (s *Server) Close(ctx context.Context) {
 	s.jobs.stop(ctx)
+	if s.jaeger != nil {
+		s.jaeger.Close()
+	}
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if s.conn != nil {
@@ -230,6 +242,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /keys", s.keyLookup)
 	mux.HandleFunc("GET /outbox", s.outboxPage)
 	mux.HandleFunc("GET /audit", s.auditPage)
+	mux.HandleFunc("GET "+jaeger.DuplicatesPath, s.duplicates)
+	mux.HandleFunc("GET "+jaeger.TracePath, s.tracePage)
 	mux.HandleFunc("POST /outbox/unpark/confirm", s.changing(s.unparkConfirm))
 	mux.HandleFunc("POST /outbox/unpark", s.changing(s.unpark))
 	cop := http.NewCrossOriginProtection()
