@@ -25,6 +25,7 @@ import (
 	"github.com/idemq/idemq/internal/testamqp"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testjaeger"
 )
 
 var (
@@ -53,6 +54,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	testjaeger.Stop()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
