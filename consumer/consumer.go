@@ -378,6 +378,7 @@ func (c *Consumer) dialer() *amqpdial.Dialer {
 // session is one connection's life: declare, consume, handle, until the
 // context ends (nil) or the connection or a channel closes (an error).
 func (c *Consumer) session(ctx context.Context) error {
+	started := c.outage.Attempt()
 	conn, err := c.dialer().Dial(context.Background())
 	if amqpdial.Refused(err) {
 		// Credentials or a vhost the broker refuses: fatal before the first
@@ -434,7 +435,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	}
 	c.consumed.Store(true)
 	c.ready()
-	c.outage.Recovered(ctx)
+	c.outage.Recovered(ctx, started)
 	c.log.Info("consuming", "broker", conn.RemoteAddr().String(), "concurrency", c.cfg.Concurrency, "prefetch", c.cfg.Prefetch)
 
 	// Handlers run under hard: it outlives ctx by up to ShutdownTimeout.

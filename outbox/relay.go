@@ -182,10 +182,11 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) checkSchema(ctx context.Context) error {
 	bo := r.reconnectBackoff()
 	for {
+		started := r.dbOutage.Attempt()
 		err := schema.Check(ctx, r.pool, r.ob.cfg.Schema)
 		switch {
 		case err == nil:
-			r.dbOutage.Recovered(ctx)
+			r.dbOutage.Recovered(ctx, started)
 			return nil
 		case ctx.Err() != nil:
 			return nil
@@ -215,6 +216,7 @@ type lane struct {
 func (r *Relay) runLane(ctx context.Context, l *lane) error {
 	bo := r.reconnectBackoff()
 	for ctx.Err() == nil {
+		started := r.brokerOutage.Attempt()
 		s, err := r.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -235,7 +237,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			continue
 		}
 		r.connected.Store(true)
-		r.brokerOutage.Recovered(ctx)
+		r.brokerOutage.Recovered(ctx, started)
 		served, err := r.serve(ctx, s, l)
 		s.Close()
 		if err == nil || ctx.Err() != nil {
@@ -274,6 +276,7 @@ func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, er
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	for ctx.Err() == nil {
+		started := r.dbOutage.Attempt()
 		full, err := r.relayBatch(ctx, s, l)
 		var be *brokerError
 		switch {
@@ -287,7 +290,7 @@ func (r *Relay) serve(ctx context.Context, s *session, l *lane) (served bool, er
 			continue
 		}
 		dbBackoff.Reset()
-		r.dbOutage.Recovered(ctx)
+		r.dbOutage.Recovered(ctx, started)
 		served = true
 		if full {
 			continue // more may be waiting
@@ -337,6 +340,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 	bo := r.reconnectBackoff()
 	channel := ChannelName(r.ob.cfg.Schema)
 	for ctx.Err() == nil {
+		started := r.dbOutage.Attempt()
 		err := func() error {
 			cfg := r.pool.Config().ConnConfig.Copy()
 			cfg.RuntimeParams["application_name"] = r.cfg.ConnectionName + "-listen"
@@ -353,7 +357,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 				return fmt.Errorf("listen: %w", err)
 			}
 			bo.Reset()
-			r.dbOutage.Recovered(ctx)
+			r.dbOutage.Recovered(ctx, started)
 			signal()
 			for {
 				if _, err := conn.WaitForNotification(ctx); err != nil {

@@ -74,12 +74,20 @@ func (l *Log) Failed(ctx context.Context, msg string, err error, attrs ...any) {
 	l.last, l.failures = now, 0
 }
 
-// Recovered records a success: the end of the outage, if one was going on,
-// logged with its duration.
-func (l *Log) Recovered(ctx context.Context) {
+// Attempt returns the time an attempt starts at, on the log's clock: what
+// Recovered takes when it succeeds.
+func (l *Log) Attempt() time.Time { return l.now() }
+
+// Recovered records the success of an attempt begun at started (Attempt):
+// the end of the outage, logged with its duration, if one was going on and
+// began before the attempt did. A success of an attempt begun before the
+// outage's first failure (another lane's batch that was already under way
+// when the connection was cut) says nothing of the service now: it ends
+// nothing.
+func (l *Log) Recovered(ctx context.Context, started time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.since.IsZero() {
+	if l.since.IsZero() || started.Before(l.since) {
 		return
 	}
 	l.log.InfoContext(ctx, l.subject+" recovered",

@@ -30,22 +30,28 @@ func TestOutageLog(t *testing.T) {
 	ctx := context.Background()
 	err := errors.New("dial amqp://guest:s3cret@mq:5672/: connection refused")
 
-	l.Recovered(ctx) // up: nothing
-	for range 43 {   // one failure every 250 ms for 10.75 s
+	l.Recovered(ctx, l.Attempt()) // up: nothing
+	early := l.Attempt()          // an attempt under way when the outage starts
+	clock = clock.Add(time.Millisecond)
+	for range 43 { // one failure every 250 ms for 10.75 s
 		l.Failed(ctx, "broker connection lost; reconnecting", err, "in", time.Second)
 		clock = clock.Add(250 * time.Millisecond)
 	}
 	if !l.Down() {
 		t.Fatal("Down is false during an outage")
 	}
-	l.Recovered(ctx)
-	l.Recovered(ctx) // up again: nothing
+	l.Recovered(ctx, early) // begun before the outage: ends nothing
+	if !l.Down() {
+		t.Fatal("a success of an attempt begun before the outage ended it")
+	}
+	l.Recovered(ctx, l.Attempt())
+	l.Recovered(ctx, l.Attempt()) // up again: nothing
 	if l.Down() {
 		t.Fatal("Down is true after the recovery")
 	}
 	l.Failed(ctx, "broker connection lost; reconnecting", err)
 	clock = clock.Add(1500 * time.Millisecond)
-	l.Recovered(ctx)
+	l.Recovered(ctx, l.Attempt())
 
 	want := []string{
 		`level=WARN msg="broker connection lost; reconnecting" in=1s err="dial amqp://xxxxx@mq:5672/: connection refused"`,
