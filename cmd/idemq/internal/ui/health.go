@@ -143,7 +143,7 @@ func (s *Server) assessQueue(q queueView, limits HealthLimits, add addFlag, now 
 			return
 		}
 	}
-	for _, d := range append([]depth{q.Work}, append(q.Tiers, q.DLQ)...) {
+	for _, d := range slices.Concat([]depth{q.Work}, q.Tiers, []depth{q.DLQ}) {
 		s.assessDepth(d, add, anchor)
 	}
 	if w := q.Work; !w.Missing && w.Err == "" && w.Messages > 0 && w.Consumers == 0 {
@@ -205,7 +205,7 @@ func (s *Server) assessPartitioned(q queueView, limits HealthLimits, add addFlag
 	}
 	for _, p := range q.Partitions {
 		pa := "/#partition-" + p.Name
-		for _, d := range append([]depth{p.Work}, append(p.Tiers, p.DLQ)...) {
+		for _, d := range slices.Concat([]depth{p.Work}, p.Tiers, []depth{p.DLQ}) {
 			s.assessDepth(d, add, pa)
 		}
 		if p.Stalled != "" {
