@@ -64,10 +64,12 @@ type Consumer struct {
 	// holder holds a group's keys (in its transaction, or as leases), runner
 	// runs its handlers (isolated, whole or batch), and isolated is the
 	// runner a whole group that failed runs again under: all chosen by New.
-	holder       keyHolder
-	runner       runner
-	isolated     isolated
-	cfg          Config
+	holder   keyHolder
+	runner   runner
+	isolated isolated
+	cfg      Config
+	// identify reads a delivery's key and payload (KeyFunc or KeyFrom).
+	identify     identifier
 	addrs        amqpdial.Addrs
 	topo         Topology
 	deathReserve int // see deathReserve
@@ -218,6 +220,9 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		tracer:       tp.Tracer(instrumentation),
 		prop:         prop,
 		metrics:      m,
+	}
+	if cons.identify, err = newIdentifier(&c); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	cons.outage = outage.New(cons.log, "consumer connection", 0)
 	if c.Ordering != nil {
