@@ -214,3 +214,35 @@ func runPreset(t *testing.T, preset consumer.KeyPreset, msgs []amqp.Publishing) 
 	h.mu.Unlock()
 	return presetRun{effects: h.effects(), outcomes: countOutcomes(evs)}
 }
+
+// A framework's trace context in a header of its own naming is continued:
+// MassTransit's MT-Activity-Id (its Activity's W3C id), a binary
+// CloudEvent's traceparent attribute (the distributed tracing extension).
+// The message-id preset reads only traceparent.
+func TestKeyPresetContinuesTheFrameworksTrace(t *testing.T) {
+	t.Parallel()
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	parent := "00-" + traceID + "-00f067aa0ba902b7-01"
+	for name, tc := range map[string]struct {
+		preset consumer.KeyPreset
+		msg    amqp.Publishing
+		same   bool
+	}{
+		"masstransit": {consumer.KeyFromMassTransit, amqp.Publishing{MessageId: mtFirst, Headers: amqp.Table{"MT-Activity-Id": parent}}, true},
+		"cloudevents": {consumer.KeyFromCloudEvents, amqp.Publishing{Headers: amqp.Table{"cloudEvents_id": "1", "cloudEvents_source": "/s", "cloudEvents_traceparent": parent}}, true},
+		"ce- prefix":  {consumer.KeyFromCloudEvents, amqp.Publishing{Headers: amqp.Table{"ce-id": "1", "ce-source": "/s", "ce-traceparent": parent}}, true},
+		"message-id":  {consumer.KeyFromMessageID, amqp.Publishing{MessageId: mtFirst, Headers: amqp.Table{"MT-Activity-Id": parent}}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, modeGroup, func(c *consumer.Config) { c.KeyFrom = tc.preset })
+			h.start(1, h.ledgerEffect)
+			tc.msg.Body = []byte(`{}`)
+			testamqp.Publish(t, h.pub, "", h.cfg.Queue, tc.msg)
+			evs := h.waitEvents(10*time.Second, "message processed", func(evs []consumer.Event) bool { return finals(evs) == 1 })
+			if got := evs[0].TraceID == traceID; got != tc.same || evs[0].Outcome != consumer.OutcomeProcessed {
+				t.Errorf("outcome %s, trace %s; want the trace %s continued: %v", evs[0].Outcome, evs[0].TraceID, traceID, tc.same)
+			}
+		})
+	}
+}

@@ -34,6 +34,11 @@ import (
 //
 // A JSON payload read out of an envelope is compacted first, so that a
 // resend written with other spaces is the same operation.
+//
+// A delivery without a traceparent header continues the trace its
+// framework wrote elsewhere: MassTransit's MT-Activity-Id, a binary
+// CloudEvent's traceparent attribute (cloudEvents_traceparent,
+// ce-traceparent).
 type KeyPreset string
 
 // The key presets.

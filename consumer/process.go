@@ -53,7 +53,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 	if verified {
 		attempt = wire.ParseAttempt(d.Headers)
 	}
-	parent := c.prop.Extract(ctx, msgspan.Headers(d.Headers))
+	parent := c.prop.Extract(ctx, c.traceCarrier(msgspan.Headers(d.Headers)))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
