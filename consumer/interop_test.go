@@ -246,3 +246,29 @@ func TestKeyPresetContinuesTheFrameworksTrace(t *testing.T) {
 		})
 	}
 }
+
+// A message that does not hold its preset's format cannot be keyed: it is
+// dead-lettered as an invalid key; one with no id at all as a missing key.
+func TestKeyPresetRefusesMalformedMessages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, modeGroup, func(c *consumer.Config) { c.KeyFrom = consumer.KeyFromCloudEvents })
+	h.start(1, h.ledgerEffect)
+	for _, m := range []amqp.Publishing{
+		{MessageId: "m-1", ContentType: consumer.ContentTypeCloudEvents, Body: []byte(`{"id":"1","source":`)},
+		{MessageId: "m-2", Headers: amqp.Table{"cloudEvents_id": "1"}, Body: []byte(`{}`)},
+		{MessageId: "m-3", Body: []byte(`{}`)},
+	} {
+		testamqp.Publish(t, h.pub, "", h.cfg.Queue, m)
+	}
+	reasons := map[string]string{}
+	for _, d := range h.waitDLQ(3, 10*time.Second) {
+		reasons[d.MessageId], _ = d.Headers[consumer.HeaderReason].(string)
+	}
+	want := map[string]string{"m-1": consumer.ReasonKeyInvalid, "m-2": consumer.ReasonKeyInvalid, "m-3": consumer.ReasonKeyRequired}
+	if !maps.Equal(reasons, want) {
+		t.Errorf("dead-letter reasons %v, want %v", reasons, want)
+	}
+	if n := len(h.effects()); n != 0 {
+		t.Errorf("%d effects", n)
+	}
+}
