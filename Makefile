@@ -31,13 +31,16 @@ help: ## Show this list of targets
 up: ## Make sure Postgres (127.0.0.1:5432) and RabbitMQ (127.0.0.1:5672) run, starting them if needed
 	@bash deploy/local/ensure-services.sh
 
-test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ (+ Jaeger, headless Chromium)
+test: up ## go vet, then unit + integration tests with -race against real Postgres and RabbitMQ (+ Jaeger, headless Chromium, Node.js)
 	@# The tracing test runs a real Jaeger: build it once (about 10 minutes cold,
 	@# then cached in ~/.cache/idemq; a no-op when it is there).
 	@bash deploy/jaeger/build.sh >/dev/null
 	@# The UI's browser test drives headless Chromium: install Debian's
 	@# chromium where it is missing (a no-op when it is there).
 	@bash deploy/local/ensure-chromium.sh
+	@# The interop tests publish and read CloudEvents with Node.js packages
+	@# (integration/interop): install Node.js 20+ where it is missing.
+	@bash deploy/local/ensure-node.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 	@# Every fuzz target for a bounded time (their seed corpora ran above).

@@ -152,6 +152,10 @@ type Config struct {
 
 	// KeyFunc extracts the key; default: message_id, else the Idempotency-Key header.
 	KeyFunc KeyFunc
+	// KeyFrom reads the key, and the payload Fingerprint is computed over,
+	// as a framework writes them: MassTransit, NServiceBus, Wolverine or
+	// CloudEvents (KeyPreset). Default KeyFromMessageID. Not with KeyFunc.
+	KeyFrom KeyPreset
 	// KeyHeader is the header read when there is no message_id. Default "Idempotency-Key".
 	KeyHeader string
 	// TenantHeader names the header carrying the tenant. Default "x-tenant-id".
@@ -160,7 +164,9 @@ type Config struct {
 	// RabbitMQ checks against the publishing connection's user, instead of a
 	// header that any publisher can write.
 	TenantFromUserID bool
-	// Fingerprint computes the operation's fingerprint; default: the whole body.
+	// Fingerprint computes the operation's fingerprint; default: the whole
+	// payload. The payload is the body, or with a KeyFrom preset the part
+	// of the message the framework's payload is (KeyPreset).
 	Fingerprint dedup.Fingerprinter
 
 	// HeaderKeys are the HMAC-SHA256 keys (at least 16 random bytes each,
@@ -361,6 +367,9 @@ func (c Config) validate(tc TopologyConfig) error {
 	}
 	if c.Concurrency < 1 || c.Prefetch < 1 {
 		errs = append(errs, fmt.Errorf("concurrency %d and prefetch %d must be positive", c.Concurrency, c.Prefetch))
+	}
+	if _, err := newIdentifier(&c); err != nil {
+		errs = append(errs, err)
 	}
 	if c.HeaderKeys != nil {
 		if err := configuredKeys(c.HeaderKeys).Validate(); err != nil {

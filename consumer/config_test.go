@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -34,11 +35,16 @@ func TestConfigBounds(t *testing.T) {
 		"max in-flight bytes": func(c *consumer.Config) { c.MaxInFlightBytes = -1 },
 		"group size":          func(c *consumer.Config) { c.Group.Size = -1 },
 		"group linger":        func(c *consumer.Config) { c.Group.Linger = -time.Millisecond },
+		"key preset":          func(c *consumer.Config) { c.KeyFrom = "rebus" },
+		"key preset and function": func(c *consumer.Config) {
+			c.KeyFrom = consumer.KeyFromMassTransit
+			c.KeyFunc = func(*amqp.Delivery) string { return "k" }
+		},
 	} {
 		cfg := consumer.Config{URL: "amqp://127.0.0.1:1/", Queue: "q", Name: "n"}
 		mod(&cfg)
 		if _, err := consumer.New(store, noop, &cfg); err == nil {
-			t.Errorf("a negative %s was accepted", name)
+			t.Errorf("a bad %s was accepted", name)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/interop"
 	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/outage"
 	"github.com/idemq/idemq/internal/pgfatal"
@@ -64,10 +65,15 @@ type Consumer struct {
 	// holder holds a group's keys (in its transaction, or as leases), runner
 	// runs its handlers (isolated, whole or batch), and isolated is the
 	// runner a whole group that failed runs again under: all chosen by New.
-	holder       keyHolder
-	runner       runner
-	isolated     isolated
-	cfg          Config
+	holder   keyHolder
+	runner   runner
+	isolated isolated
+	cfg      Config
+	// identify reads a delivery's key and payload (KeyFunc or KeyFrom);
+	// traceCarrier wraps its headers for the propagator (KeyFrom: the
+	// framework's own trace headers).
+	identify     identifier
+	traceCarrier func(propagation.TextMapCarrier) propagation.TextMapCarrier
 	addrs        amqpdial.Addrs
 	topo         Topology
 	deathReserve int // see deathReserve
@@ -219,6 +225,10 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		prop:         prop,
 		metrics:      m,
 	}
+	if cons.identify, err = newIdentifier(&c); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	cons.traceCarrier = interop.TraceCarrier(string(c.KeyFrom))
 	cons.outage = outage.New(cons.log, "consumer connection", 0)
 	if c.Ordering != nil {
 		cons.handler = cons.ordered(h)

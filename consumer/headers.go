@@ -1,11 +1,8 @@
 package consumer
 
 import (
-	"fmt"
-
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/wire"
 )
 
@@ -39,17 +36,9 @@ const (
 	HeaderResponseReason = wire.HeaderResponseReason
 )
 
-// keyOf returns the delivery's idempotency key: from Config.KeyFunc when
-// set; else as its publisher wrote it (wire.ReadKey: message_id, else the
-// key header). A key header that is not a string is an error wrapping
-// dedup.ErrKeyInvalid.
+// keyOf returns the delivery's idempotency key (Consumer.identify). A key
+// that cannot be read is an error wrapping dedup.ErrKeyInvalid.
 func (c *Consumer) keyOf(d *amqp.Delivery) (string, error) {
-	if c.cfg.KeyFunc != nil {
-		return c.cfg.KeyFunc(d), nil
-	}
-	key, err := wire.ReadKey(d, c.cfg.KeyHeader)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", dedup.ErrKeyInvalid, err)
-	}
-	return key, nil
+	key, _, err := c.identify(d)
+	return key, err
 }

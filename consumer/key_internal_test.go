@@ -14,11 +14,11 @@ import (
 // internal/wire, covers the rest of what the publisher wrote).
 func TestKeyOf(t *testing.T) {
 	d := &amqp.Delivery{MessageId: "from-message-id", Headers: amqp.Table{DefaultKeyHeader: "from-header"}}
-	withFunc := &Consumer{cfg: Config{KeyHeader: DefaultKeyHeader, KeyFunc: func(*amqp.Delivery) string { return "fn" }}}
+	withFunc := identified(t, Config{KeyHeader: DefaultKeyHeader, KeyFunc: func(*amqp.Delivery) string { return "fn" }})
 	if k, err := withFunc.keyOf(d); k != "fn" || err != nil {
 		t.Fatalf("with a key function: %q, %v; want fn", k, err)
 	}
-	plain := &Consumer{cfg: Config{KeyHeader: DefaultKeyHeader}}
+	plain := identified(t, Config{KeyHeader: DefaultKeyHeader})
 	if k, err := plain.keyOf(d); k != "from-message-id" || err != nil {
 		t.Fatalf("with message_id: %q, %v", k, err)
 	}
@@ -30,4 +30,14 @@ func TestKeyOf(t *testing.T) {
 	if _, err := plain.keyOf(d); !errors.Is(err, dedup.ErrKeyInvalid) {
 		t.Fatalf("an integer key header: %v, want ErrKeyInvalid", err)
 	}
+}
+
+// identified is a consumer of cfg with the identifier New picks.
+func identified(t *testing.T, cfg Config) *Consumer {
+	t.Helper()
+	id, err := newIdentifier(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Consumer{cfg: cfg, identify: id}
 }

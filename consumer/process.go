@@ -53,7 +53,7 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 	if verified {
 		attempt = wire.ParseAttempt(d.Headers)
 	}
-	parent := c.prop.Extract(ctx, msgspan.Headers(d.Headers))
+	parent := c.prop.Extract(ctx, c.traceCarrier(msgspan.Headers(d.Headers)))
 	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -105,7 +105,7 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 			return false
 		}
 	}
-	key, err := c.keyOf(d)
+	key, payload, err := c.identify(d)
 	if err == nil {
 		err = dedup.ValidateKey(key)
 	}
@@ -133,7 +133,7 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 	if c.cfg.LogKeys {
 		it.span.SetAttributes(attribute.String("idemq.key", key))
 	}
-	fp, err := c.cfg.Fingerprint(d.Body)
+	fp, err := c.cfg.Fingerprint(payload)
 	if err != nil {
 		c.deadLetter(s, it, ReasonPermanentError, fmt.Errorf("fingerprint: %w", err))
 		return false

@@ -56,6 +56,9 @@ type Message struct {
 	Priority uint8
 	// CorrelationID, ReplyTo, Expiration, Type and AppID are the AMQP properties of those names.
 	CorrelationID, ReplyTo, Expiration, Type, AppID string
+	// Format, when set, writes the message in another framework's format
+	// when it is enqueued: a CloudEvent or MassTransit's envelope.
+	Format Format
 }
 
 // Config configures an Outbox. A nil *Config means all defaults.
@@ -303,6 +306,11 @@ func (o *Outbox) row(ctx context.Context, m Message) ([]any, error) {
 			m.MessageID = id
 		} else {
 			m.MessageID = uuid.NewString()
+		}
+	}
+	if m.Format != nil {
+		if err := m.Format.write(&m); err != nil {
+			return nil, err
 		}
 	}
 	var traceparent, tracestate any

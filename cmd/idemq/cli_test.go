@@ -41,6 +41,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"malformed duration", []string{"gc", "--retention", "soon"}, nil, "invalid argument"},
 		{"malformed number", []string{"dlq", "list", "--queue", "q", "--limit", "many"}, nil, "invalid argument"},
 		{"invalid value", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--concurrency", "0"}, nil, "--concurrency 0"},
+		{"unknown key preset", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--key-from", "rebus"}, nil, "--key-from"},
 		{"relay batch out of range", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--relay-batch-size", "0"}, nil, "--relay-batch-size 0"},
 		{"forward to itself", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", ""}, nil, "--to-routing-key"},
 		{"header keys file without a key", []string{"forward", "--queue", "q", "--consumer", "c", "--to-exchange", "x", "--header-keys-file", os.DevNull}, nil, "holds no key"},

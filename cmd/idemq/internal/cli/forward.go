@@ -42,6 +42,7 @@ func (a *app) forwardCommand() *cobra.Command {
 		gapTimeout      time.Duration
 		tenantHeader    string
 		keyHeader       string
+		keyFrom         string
 		headerKeysFile  string
 		metrics         metricsServer
 	)
@@ -81,10 +82,19 @@ messages are forwarded one at a time and, with x-sequence, each sequence once
 and in order: a sequence that comes early waits up to --gap-timeout for its
 predecessor, then goes to its partition's DLQ with reason sequence_gap and its
 key is blocked ('idemq order status', 'idemq order skip'). x-ordering-key and
-x-sequence are forwarded as they are (docs/ordering.md).`,
+x-sequence are forwarded as they are (docs/ordering.md).
+
+--key-from PRESET reads the key as a framework writes it (docs/interop.md):
+message-id (the default: message_id, else --key-header), masstransit
+(MT-OriginalMessageId, else message_id, else the envelope's messageId; the
+fingerprint over the envelope's message), nservicebus (NServiceBus.MessageId,
+else message_id), wolverine (message_id: its envelope id) or cloudevents
+(the event's source and id, from a structured body or binary-mode headers; the
+fingerprint over its data).`,
 		Example: `  idemq forward --queue payments --consumer charge --to-exchange ledger
   idemq forward --queue ledger --partitions 4 --ordered --consumer project --to-exchange projections
-  idemq forward --queue payments --consumer charge --to-exchange ledger --to-routing-key charged --concurrency 16`,
+  idemq forward --queue payments --consumer charge --to-exchange ledger --to-routing-key charged --concurrency 16
+  idemq forward --queue orders --consumer accept --to-exchange accepted --key-from masstransit`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
 			if err := t.validate(); err != nil {
@@ -113,6 +123,10 @@ x-sequence are forwarded as they are (docs/ordering.md).`,
 				return usagef("--shutdown-timeout and --drain-timeout must be positive")
 			case gapTimeout <= 0 || gapTimeout > consumer.MaxGapTimeout:
 				return usagef("--gap-timeout %s must be positive and at most %s", gapTimeout, consumer.MaxGapTimeout)
+			}
+			preset, err := consumer.ParseKeyPreset(keyFrom)
+			if err != nil {
+				return usagef("--key-from: %v", err)
 			}
 			headerKeys, err := a.headerKeys(headerKeysFile)
 			if err != nil {
@@ -146,6 +160,7 @@ x-sequence are forwarded as they are (docs/ordering.md).`,
 				ShutdownTimeout: shutdownTimeout,
 				TenantHeader:    tenantHeader,
 				KeyHeader:       keyHeader,
+				KeyFrom:         preset,
 				HeaderKeys:      headerKeys,
 				Logger:          a.log,
 				ConnectionName:  "idemq-forward-" + name,
@@ -188,6 +203,7 @@ x-sequence are forwarded as they are (docs/ordering.md).`,
 	f.BoolVar(&hashKeys, "hash-keys", false, "store a SHA-256 of each key instead of the key (use 'keys inspect --hashed' to read them)")
 	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "header carrying the tenant of the key")
 	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "header carrying the key of a message without message_id")
+	f.StringVar(&keyFrom, "key-from", string(consumer.KeyFromMessageID), "where the key comes from: message-id, masstransit, nservicebus, wolverine or cloudevents (docs/interop.md)")
 	headerKeysFlag(f, &headerKeysFile)
 	a.metricsFlag(f, &metrics)
 	requireFlags(cmd, "queue", "consumer", "to-exchange")
