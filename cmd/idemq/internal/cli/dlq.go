@@ -20,7 +20,6 @@ import (
 	"github.com/idemq/idemq/cmd/idemq/internal/dlq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/wire"
 )
 
 // doomedReasons are the reasons whose letters cannot succeed unchanged.
@@ -48,6 +47,7 @@ func (a *app) dlqListCommand() *cobra.Command {
 		queue, consumerName string
 		keyHeader           string
 		tenantHeader        string
+		keyFrom             string
 		limit               int
 		asJSON, showKeys    bool
 	)
@@ -80,7 +80,11 @@ held, other consumers of Q.dlq do not see them.`,
 				return err
 			}
 			defer conn.Close()
-			scope := dlq.KeyScope{Consumer: consumerName, KeyHeader: keyHeader, TenantHeader: tenantHeader}
+			preset, err := consumer.ParseKeyPreset(keyFrom)
+			if err != nil {
+				return usagef("--key-from: %v", err)
+			}
+			scope := dlq.KeyScope{Consumer: consumerName, KeyHeader: keyHeader, TenantHeader: tenantHeader, KeyFrom: preset}
 			res, err := dlq.List(cmd.Context(), conn, dlq.Name(queue), limit, scope)
 			if err != nil {
 				return hintWorkQueue(err, queue)
@@ -106,6 +110,7 @@ held, other consumers of Q.dlq do not see them.`,
 	f.StringVar(&consumerName, "consumer", "", "the consumer whose scope the keys are in: KEY_HASH is then the key_hash of its logs")
 	f.StringVar(&keyHeader, "key-header", consumer.DefaultKeyHeader, "the header a key is read from when a letter has no message_id")
 	f.StringVar(&tenantHeader, "tenant-header", consumer.DefaultTenantHeader, "the header a tenant is read from (idemq's own copies carry theirs)")
+	f.StringVar(&keyFrom, "key-from", string(consumer.KeyFromMessageID), "the consumer's --key-from: where a letter's key is read from (message-id, masstransit, nservicebus, wolverine, cloudevents)")
 	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id) besides their hashes")
 	f.IntVar(&limit, "limit", 100, "most dead letters shown (0: all)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
@@ -187,6 +192,7 @@ func (a *app) dlqReplayCommand() *cobra.Command {
 		timeout, retention     time.Duration
 		dropUserID, keepUserID bool
 		allowDoomed, older     bool
+		keyFrom                string
 	)
 	cmd := &cobra.Command{
 		Use:   "replay --queue Q [--reason R]",
@@ -250,6 +256,10 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			if retention <= 0 {
 				return usagef("--key-retention %s must be positive", retention)
 			}
+			preset, err := consumer.ParseKeyPreset(keyFrom)
+			if err != nil {
+				return usagef("--key-from: %v", err)
+			}
 			// Recorded before it starts: a replay that cannot be recorded does not run.
 			ctx := cmd.Context()
 			pool, err := a.openStorePool(ctx, 2)
@@ -277,7 +287,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 			var digests []string
 			opts := dlq.ReplayOptions{
 				Replayed: func(d *amqp.Delivery) {
-					if key, _ := wire.ReadKey(d, consumer.DefaultKeyHeader); key != "" {
+					if key, _, _ := (dlq.KeyScope{KeyFrom: preset}).OfDelivery(d); key != "" {
 						digests = append(digests, audit.KeyDigest(key))
 					}
 				},
@@ -360,6 +370,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 	f.BoolVar(&dropUserID, "drop-user-id", false, "replay a letter whose user_id the replaying user may not publish without it (not when the consumer takes the tenant from user_id)")
 	f.BoolVar(&keepUserID, "keep-user-id", false, "replay every letter with its user_id (the replaying user has RabbitMQ's impersonator tag)")
 	f.BoolVar(&allowDoomed, "allow-doomed", false, "replay letters whose reason cannot succeed unchanged (they come straight back unless their cause changed)")
+	f.StringVar(&keyFrom, "key-from", string(consumer.KeyFromMessageID), "the consumer's --key-from, under which the audit records the replayed keys (message-id, masstransit, nservicebus, wolverine, cloudevents)")
 	f.DurationVar(&retention, "key-retention", dedup.DefaultRetention, "the key store's retention (idemq gc --retention): older letters may have lost their key")
 	f.BoolVar(&older, "older-than-retention", false, "replay letters older than --key-retention too (each runs again if its key is gone)")
 	requireFlags(cmd, "queue")

@@ -31,6 +31,7 @@ func (a *app) uiCommand() *cobra.Command {
 		letterLimit                  int
 		limits                       ui.HealthLimits
 		keyRetention                 time.Duration
+		keyFrom                      string
 	)
 	cmd := &cobra.Command{
 		Use:   "ui [--listen ADDR] [--queue Q[=CONSUMER] ...]",
@@ -98,6 +99,10 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 			if _, err := hostguard.New(listen, allowHosts); err != nil {
 				return usagef("--allow-host: %w", err)
 			}
+			preset, err := consumer.ParseKeyPreset(keyFrom)
+			if err != nil {
+				return usagef("--key-from: %v", err)
+			}
 			if limits.OutboxAge <= 0 || limits.Retrying <= 0 || keyRetention <= 0 {
 				return usagef("--warn-outbox-age, --warn-retrying and --key-retention must be positive")
 			}
@@ -132,7 +137,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 				Dial:   func() (*amqp.Connection, error) { return a.dialAMQP("idemq-ui") },
 				Queues: qs, JaegerURL: jaegerURL,
 				Listen: listen, AllowHosts: allowHosts,
-				Tokens: tokens, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, Logger: a.log,
+				Tokens: tokens, ReadOnly: readOnly, ShowKeys: showKeys, LetterLimit: letterLimit, Health: limits, KeyRetention: keyRetention, KeyFrom: preset, Logger: a.log,
 			})
 			if err != nil {
 				return err
@@ -158,6 +163,7 @@ operator typed them, unless --show-keys. Runs until SIGINT or SIGTERM.`,
 	f.BoolVar(&showKeys, "show-keys", false, "show raw keys (message_id, Idempotency-Key) instead of their hashes")
 	f.BoolVar(&hashKeys, "hash-keys", false, "the store keeps SHA-256 hashes of keys (forward --hash-keys)")
 	f.IntVar(&letterLimit, "dlq-limit", ui.DefaultLetterLimit, "most dead letters read for one page")
+	f.StringVar(&keyFrom, "key-from", string(consumer.KeyFromMessageID), "the consumers' --key-from: where a dead letter's key is read from (message-id, masstransit, nservicebus, wolverine, cloudevents; docs/interop.md)")
 	f.DurationVar(&keyRetention, "key-retention", dedup.DefaultRetention, "the key store's retention (idemq gc --retention): older dead letters are marked, and replayed only when ticked")
 	f.DurationVar(&limits.OutboxAge, "warn-outbox-age", ui.DefaultOutboxAge, "flag the outbox when its oldest pending row is older than this")
 	f.IntVar(&limits.Retrying, "warn-retrying", ui.DefaultRetrying, "flag a queue with more messages than this in its retry tiers")

@@ -62,6 +62,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/confirm"
+	"github.com/idemq/idemq/internal/interop"
 	"github.com/idemq/idemq/internal/wire"
 )
 
@@ -95,21 +96,32 @@ type Listed struct {
 // KeyScope is where a dead letter's key is read from and whose scope it is
 // in: the consumer's name, the header of a key when there is no message_id
 // (default consumer.DefaultKeyHeader), the header of the tenant (default
-// consumer.DefaultTenantHeader).
+// consumer.DefaultTenantHeader), and the consumer's key preset (KeyFrom,
+// docs/interop.md: a MassTransit envelope's, a CloudEvent's source and id;
+// default message_id).
 type KeyScope struct {
 	Consumer, KeyHeader, TenantHeader string
+	KeyFrom                           consumer.KeyPreset
 }
 
-// Of returns the key of the dead letter with messageID and headers (its
-// message_id, else its key header), its tenant (x-idemq-tenant on idemq's
-// copies, else the tenant header) and the key's hash in the scope
-// (dedup.Scope.KeyHash: the key_hash of the consumer's logs). key and hash
-// are "" for a letter without a key.
-func (s KeyScope) Of(messageID string, headers amqp.Table) (key, tenant, hash string) {
-	key, _ = wire.ReadKey(&amqp.Delivery{MessageId: messageID, Headers: headers}, cmp.Or(s.KeyHeader, consumer.DefaultKeyHeader))
-	tenant, ok := wire.String(headers[wire.HeaderTenant])
+// Of returns the key of dead letter m (as its consumer's preset reads it),
+// its tenant (x-idemq-tenant on idemq's copies, else the tenant header) and
+// the key's hash in the scope (dedup.Scope.KeyHash: the key_hash of the
+// consumer's logs). key and hash are "" for a letter without a key, or one
+// whose key its preset cannot read. m's body must be whole (Scan's, not
+// Read's).
+func (s KeyScope) Of(m Message) (key, tenant, hash string) {
+	return s.OfDelivery(&amqp.Delivery{MessageId: m.MessageID, Headers: m.Headers, Body: m.Body, ContentType: m.ContentType})
+}
+
+// OfDelivery is Of for a delivery.
+func (s KeyScope) OfDelivery(d *amqp.Delivery) (key, tenant, hash string) {
+	if read, err := interop.ReaderFor(string(s.KeyFrom)); err == nil {
+		key, _, _ = read(d, cmp.Or(s.KeyHeader, consumer.DefaultKeyHeader))
+	}
+	tenant, ok := wire.String(d.Headers[wire.HeaderTenant])
 	if !ok {
-		tenant, _ = wire.String(headers[cmp.Or(s.TenantHeader, consumer.DefaultTenantHeader)])
+		tenant, _ = wire.String(d.Headers[cmp.Or(s.TenantHeader, consumer.DefaultTenantHeader)])
 	}
 	if key != "" {
 		hash = dedup.Scope{Consumer: s.Consumer, Tenant: tenant, Key: key}.KeyHash()
@@ -189,7 +201,7 @@ func ID(d *amqp.Delivery) string {
 func List(ctx context.Context, conn *amqp.Connection, queue string, limit int, scope KeyScope) (ListResult, error) {
 	res := ListResult{Queue: queue, ByReason: map[string]int{}, Letters: []Listed{}}
 	n, err := Scan(ctx, conn, queue, limit, func(m Message) bool {
-		_, _, hash := scope.Of(m.MessageID, m.Headers)
+		_, _, hash := scope.Of(m)
 		res.Letters = append(res.Letters, Listed{Letter: m.Letter, KeyHash: hash})
 		res.ByReason[m.Reason]++
 		return true

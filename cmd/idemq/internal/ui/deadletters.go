@@ -52,6 +52,11 @@ type deadLettersView struct {
 	Retention time.Duration
 }
 
+// keyScope is where q's dead letters' keys are read from, and in which scope.
+func (s *Server) keyScope(q Queue) dlq.KeyScope {
+	return dlq.KeyScope{Consumer: q.Consumer, KeyHeader: s.cfg.KeyHeader, TenantHeader: s.cfg.TenantHeader, KeyFrom: s.cfg.KeyFrom}
+}
+
 // queueOf returns the configured queue named by the request's queue parameter.
 func (s *Server) queueOf(w http.ResponseWriter, r *http.Request) (Queue, bool) {
 	name := r.FormValue("queue")
@@ -148,7 +153,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) letterView(q Queue, m dlq.Message) letterView {
-	key, tenant, hash := dlq.KeyScope{Consumer: q.Consumer, KeyHeader: s.cfg.KeyHeader, TenantHeader: s.cfg.TenantHeader}.Of(m.MessageID, m.Headers)
+	key, tenant, hash := s.keyScope(q).Of(m)
 	if m.OriginalExchange == "" && m.OriginalRoutingKey != "" {
 		m.OriginalExchange = "(default)"
 	}
@@ -206,11 +211,14 @@ func (s *Server) lettersFor(w http.ResponseWriter, r *http.Request, fn func(Queu
 func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 	id := r.FormValue("id")
 	var m dlq.Message
+	var view letterView
 	found := false
-	q, ok := s.lettersFor(w, r, func(_ Queue, l dlq.Message) bool {
+	q, ok := s.lettersFor(w, r, func(lq Queue, l dlq.Message) bool {
 		if l.ID == id && !found {
-			// One byte more than is shown, so that showContent sees the cut.
-			m, found = l.Cut(s.cfg.BodyLimit+1), true
+			// Its key read from the whole body (a preset may read it
+			// there); one byte more than is shown kept, so that
+			// showContent sees the cut.
+			view, m, found = s.letterView(lq, l), l.Cut(s.cfg.BodyLimit+1), true
 		}
 		// On to the end: a read that stops early would send the letters
 		// it read behind the others, reordering the DLQ.
@@ -225,7 +233,7 @@ func (s *Server) letter(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, http.StatusNotFound, "letter", "Dead letter", v)
 		return
 	}
-	v.Letter = s.letterView(q, m)
+	v.Letter = view
 	msgID := headerView{Name: "message_id", Value: m.MessageID}
 	if !s.cfg.ShowKeys && m.MessageID != "" {
 		msgID = headerView{Name: "message_id", Value: "key hash " + v.Letter.KeyHash, Hidden: true}
@@ -412,7 +420,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	var digests []string
 	opts.Replayed = func(d *amqp.Delivery) {
-		if key, _ := wire.ReadKey(d, s.cfg.KeyHeader); key != "" {
+		if key, _, _ := s.keyScope(q).OfDelivery(d); key != "" {
 			digests = append(digests, audit.KeyDigest(key))
 		}
 	}

@@ -90,6 +90,10 @@ type Config struct {
 	// KeyHeader is the header a key is read from when a message has no
 	// message_id. Default consumer.DefaultKeyHeader.
 	KeyHeader string
+	// KeyFrom is the consumers' key preset (consumer.Config.KeyFrom): where
+	// a dead letter's key is read from (a MassTransit envelope, a
+	// CloudEvent's source and id). Default message_id.
+	KeyFrom consumer.KeyPreset
 	// TenantHeader is the header a tenant is read from. Default consumer.DefaultTenantHeader.
 	TenantHeader string
 	// Refresh is the overview's refresh interval. Default DefaultRefresh.
@@ -163,6 +167,9 @@ func New(cfg Config) (*Server, error) {
 	cfg.TenantHeader = cmp.Or(cfg.TenantHeader, consumer.DefaultTenantHeader)
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
 	cfg.KeyRetention = cmp.Or(cfg.KeyRetention, dedup.DefaultRetention)
+	if _, err := consumer.ParseKeyPreset(string(cfg.KeyFrom)); err != nil {
+		return nil, fmt.Errorf("ui: %w", err)
+	}
 	s := &Server{cfg: cfg, queues: map[string]Queue{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		sessions: newSessions(time.Now), jobs: newJobs(), ops: newOnceTokens(), reads: map[string]*sync.Mutex{}}
 	var err error
