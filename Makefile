@@ -39,7 +39,7 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 	@# chromium where it is missing (a no-op when it is there).
 	@bash deploy/local/ensure-chromium.sh
 	@# The interop tests publish and read CloudEvents with Node.js packages
-	@# (integration/interop): install Node.js 20+ where it is missing.
+	@# (integration/interop): install Node.js 18+ where it is missing.
 	@bash deploy/local/ensure-node.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)

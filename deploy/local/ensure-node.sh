@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# ensure-node.sh: make sure Node.js 20 or later and npm are installed, for
+# ensure-node.sh: make sure Node.js 18 or later (Debian 12's) and npm are installed, for
 # the tests that publish and read CloudEvents with the cloudevents and
 # amqplib npm packages (integration/interop).
 #
 # In order:
-#   1. node (and npm) on PATH, Node.js >= 20          -> done
+#   1. node (and npm) on PATH, Node.js >= 18          -> done
 #   2. running as root with apt-get, and the
-#      distribution's nodejs is >= 20                 -> apt-get install -y nodejs npm
+#      distribution's nodejs is >= 18                 -> apt-get install -y nodejs npm
 #   3. running as root                                -> the official Node.js
 #      binaries (NODE_VERSION from NODE_DIST, https://nodejs.org/dist or a
 #      mirror, checked against the release's SHASUMS256.txt) unpacked into
@@ -20,7 +20,7 @@ set -euo pipefail
 NODE_VERSION=${NODE_VERSION:-v20.20.2}
 NODE_PREFIX=${NODE_PREFIX:-/usr/local}
 NODE_DIST=${NODE_DIST:-https://nodejs.org/dist}
-MIN_MAJOR=20
+MIN_MAJOR=18 # the cloudevents package (9.0.0) needs >= 18, amqplib >= 18
 
 log() { printf 'ensure-node: %s\n' "$*" >&2; }
 die() {
