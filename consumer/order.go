@@ -307,6 +307,9 @@ func (g *orderGate) done(it *item, outcome Outcome) {
 	g.mu.Lock()
 	k := g.keys[o.Key]
 	if k == nil || !k.busy {
+		if outcome == OutcomeWaiting && !o.circled {
+			g.waiting-- // its place (reserve) is not used
+		}
 		g.mu.Unlock()
 		return
 	}
@@ -315,7 +318,7 @@ func (g *orderGate) done(it *item, outcome Outcome) {
 	switch outcome {
 	case OutcomeWaiting:
 		if !o.circled {
-			g.waiting++
+			// In the place reserve took for it.
 			k.early = append(k.early, waitingDelivery{d: *it.d, seq: o.Sequence, since: o.since(it.start)})
 		}
 	case OutcomeRetried, OutcomeLeaseLost, OutcomeInProgress, OutcomeCopyFailed:
@@ -355,12 +358,19 @@ func (g *orderGate) done(it *item, outcome Outcome) {
 	}
 }
 
-// full reports whether the waiting room is full: a delivery found early
-// now waits in a retry tier rather than here.
-func (g *orderGate) full() bool {
+// reserve takes a place in the waiting room for a delivery found early, and
+// reports whether there was one: a delivery that gets none waits in a retry
+// tier. The place is taken at once, not when done keeps the delivery, so
+// that deliveries found early together (one per handler) cannot overfill
+// the room.
+func (g *orderGate) reserve() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.waiting >= g.max
+	if g.waiting >= g.max {
+		return false
+	}
+	g.waiting++
+	return true
 }
 
 // takeExpired reports whether the delivery tag was let go after waiting

@@ -425,20 +425,16 @@ func (b *orderBench) waitOutcomes(o consumer.Outcome, n int, timeout time.Durati
 // than GapTimeout, counted from the first time it was found early, is
 // dead-lettered sequence_gap like one that waited in the consumer.
 func TestOrderedFullWaitingRoomWaitsInATier(t *testing.T) {
-	// GapTimeout leaves room for round trips through a tier on a loaded
-	// machine: the first part must see them before any gap times out.
-	const keys, gapTimeout = 6, 12 * time.Second
+	const keys = 6
 	b := newOrderBench(t, 1, func(c *consumer.Config) {
-		c.Ordering = &consumer.Ordering{GapTimeout: gapTimeout, MaxWaiting: 1}
+		c.Ordering = &consumer.Ordering{GapTimeout: 3 * time.Second, MaxWaiting: 1}
 	})
 	b.run(1, b.apply(nil))
 	for k := range keys {
 		b.publish(fmt.Sprintf("k%d", k), 2, fmt.Sprintf("k%d/2", k))
 	}
-	// Each second event was found early (one waits in the consumer, the
-	// others went round a tier); their first events come well before
-	// GapTimeout.
-	b.waitOutcomes(consumer.OutcomeWaiting, keys, gapTimeout-2*time.Second)
+	// Each second event was found early at least once; most went round.
+	b.waitOutcomes(consumer.OutcomeWaiting, 2*keys, 10*time.Second)
 	for k := range keys {
 		b.publish(fmt.Sprintf("k%d", k), 1, fmt.Sprintf("k%d/1", k))
 	}
@@ -465,8 +461,8 @@ func TestOrderedFullWaitingRoomWaitsInATier(t *testing.T) {
 			t.Errorf("dead letter %s: reason %q, want %s", l.MessageId, reason, consumer.ReasonSequenceGap)
 		}
 	}
-	if took := time.Since(start); took < gapTimeout {
-		t.Errorf("the gaps were dead-lettered after %s, before GapTimeout (%s)", took, gapTimeout)
+	if took := time.Since(start); took < 3*time.Second {
+		t.Errorf("the gaps were dead-lettered after %s, before GapTimeout (3s)", took)
 	}
 }
 

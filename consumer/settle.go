@@ -62,7 +62,7 @@ func (c *Consumer) settleSuccess(s *session, it *item, r *dedup.Result) {
 func (c *Consumer) settleFailure(s *session, it *item, herr error, bystander bool) {
 	it.ev.Err = herr
 	if early := (*errEarly)(nil); errors.As(herr, &early) && !IsPermanent(herr) && it.order != nil && it.order.gate != nil {
-		if !it.order.gate.full() {
+		if it.order.gate.reserve() {
 			// It waits in the gate for its predecessor, unacknowledged.
 			it.ev.Outcome = OutcomeWaiting
 			return
