@@ -22,6 +22,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Actions.
@@ -111,6 +113,25 @@ INSERT INTO `+r.schema+`.audit_keys (audit_id, key_digest) SELECT e.id, d FROM e
 	}
 	return nil
 }
+
+// ErrInterrupted is the end of an action stopped before it was through.
+var ErrInterrupted = errors.New("interrupted")
+
+// Finish records the end of entry id as End does, its result "ok" when err
+// is nil and else err's text (redacted), on a context of its own bounded by
+// finishTimeout: the action is done, whatever its caller's context says.
+func (r *Recorder) Finish(id int64, count int, err error, keyDigests []string) error {
+	result := "ok"
+	if err != nil {
+		result = redact.Error(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	return r.End(ctx, id, count, result, keyDigests)
+}
+
+// finishTimeout bounds Finish.
+const finishTimeout = 10 * time.Second
 
 // Record records an action that is done already (one statement: a skip).
 func (r *Recorder) Record(ctx context.Context, a Action, count int, result string) error {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -15,13 +14,7 @@ import (
 // endAudit records the end of entry: count moved, err nil for "ok". A
 // failure to record it is a warning: the action is done.
 func (a *app) endAudit(rec *audit.Recorder, entry int64, count int, err error, keyDigests []string) {
-	result := "ok"
-	if err != nil {
-		result = err.Error()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := rec.End(ctx, entry, count, result, keyDigests); err != nil {
+	if err := rec.Finish(entry, count, err, keyDigests); err != nil {
 		a.log.Warn("audit: the action is done, but its end is not recorded", "entry", entry, "err", err)
 	}
 }

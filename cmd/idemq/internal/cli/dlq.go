@@ -324,7 +324,7 @@ Exits 1 when interrupted or when the broker refuses a copy.`,
 				_ = bar.Finish()
 			}
 			if err == nil && res.Interrupted {
-				a.endAudit(rec, entry, res.Replayed, errors.New("interrupted"), digests)
+				a.endAudit(rec, entry, res.Replayed, audit.ErrInterrupted, digests)
 			} else {
 				a.endAudit(rec, entry, res.Replayed, err, digests)
 			}

@@ -2,15 +2,11 @@ package ui
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/audit"
 )
-
-// errInterrupted is the result of an action stopped before its end.
-var errInterrupted = errors.New("interrupted")
 
 // begin records that the operator of r starts action on target: the
 // returned entry is ended with end. An action that cannot be recorded is
@@ -23,13 +19,7 @@ func (s *Server) begin(ctx context.Context, r *http.Request, action, target, wha
 // end records the end of entry: count moved, err nil for "ok"; a failure to
 // record it is logged (the action is done, and its entry says "running").
 func (s *Server) end(entry int64, count int, err error, keyDigests []string) {
-	result := "ok"
-	if err != nil {
-		result = errText(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.audit.End(ctx, entry, count, result, keyDigests); err != nil {
+	if err := s.audit.Finish(entry, count, err, keyDigests); err != nil {
 		s.log.Error("ui: audit", "entry", entry, "err", errText(err))
 	}
 }

@@ -452,7 +452,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 			err = nil
 		}
 		if err == nil && res.Interrupted {
-			s.end(entry, res.Replayed, errInterrupted, digests)
+			s.end(entry, res.Replayed, audit.ErrInterrupted, digests)
 		} else {
 			s.end(entry, res.Replayed, err, digests)
 		}

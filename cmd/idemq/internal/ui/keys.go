@@ -117,7 +117,7 @@ func (s *Server) whereIs(ctx context.Context, v *keyView) {
 			if l := s.letterView(q, m); l.KeyHash == want {
 				lettered++
 				v.Where = append(v.Where, place{Kind: "dlq", Link: "/dlq/letter?queue=" + url.QueryEscape(q.Topology.Queue) + "&id=" + l.ID,
-					Text: fmt.Sprintf("a dead letter in %s: reason %s, first seen %s", q.Topology.DLQ, l.Reason, dashed(l.FirstSeen))})
+					Text: fmt.Sprintf("a dead letter in %s: reason %s, first seen %s", q.Topology.DLQ, l.Reason, dash(l.FirstSeen))})
 			}
 			return true
 		})
@@ -135,7 +135,7 @@ func (s *Server) whereIs(ctx context.Context, v *keyView) {
 				Text: fmt.Sprintf("waiting in a retry tier of %s (%s, after attempt %d): it comes back to %s after the tier's delay", q.Topology.Queue, tier, rep.Attempts, q.Topology.Queue)})
 		}
 	case rep.State == keys.StateReleased && lettered == 0:
-		v.Where = append(v.Where, place{Kind: "unknown", Text: fmt.Sprintf("given up (%s), but no dead letter with this key is in the DLQs read: replayed since, consumed by another reader, or beyond the first %d letters", dashed(rep.ReleaseReason), s.cfg.LetterLimit)})
+		v.Where = append(v.Where, place{Kind: "unknown", Text: fmt.Sprintf("given up (%s), but no dead letter with this key is in the DLQs read: replayed since, consumed by another reader, or beyond the first %d letters", dash(rep.ReleaseReason), s.cfg.LetterLimit)})
 	case rep.State == string(dedup.StateInProgress) && rep.LeaseValid:
 		v.Where = append(v.Where, place{Kind: "handling", Text: fmt.Sprintf("being handled now: its lease is valid until %s", rep.LockedUntil.UTC().Format(time.RFC3339))})
 	case rep.State == string(dedup.StateInProgress):
@@ -148,13 +148,6 @@ func (s *Server) whereIs(ctx context.Context, v *keyView) {
 		v.ReplaysErr = errText(err)
 	}
 	v.Replays = entries
-}
-
-func dashed(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func tsText(t *time.Time) string {

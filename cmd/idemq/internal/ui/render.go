@@ -45,12 +45,7 @@ var funcs = template.FuncMap{
 	},
 	// doomed says why a replay of reason's letters would come straight back.
 	"doomed": dlq.Doomed,
-	"dash": func(s string) string {
-		if s == "" {
-			return "-"
-		}
-		return s
-	},
+	"dash":   dash,
 	"short": func(s string, n int) string {
 		if r := []rune(s); len(r) > n {
 			return string(r[:n-1]) + "…"
@@ -63,6 +58,14 @@ var funcs = template.FuncMap{
 		}
 		return 100 * a / b
 	},
+}
+
+// dash is s, or "-" when it is empty.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // age is a duration as an operator reads it: 45s, 12m, 3h5m.
