@@ -96,7 +96,11 @@ func runJaeger() (*Jaeger, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The ports are replaced in one pass: replacing one after another would
+	// rewrite a free port that begins with a later default (127.0.0.1:43175
+	// holds 127.0.0.1:4317).
 	ports := map[string]string{}
+	var oldNew []string
 	for _, p := range []string{"127.0.0.1:16686", "127.0.0.1:16685", "127.0.0.1:4317", "127.0.0.1:4318"} {
 		if ports[p], err = freePort(); err != nil {
 			return nil, err
@@ -104,8 +108,9 @@ func runJaeger() (*Jaeger, error) {
 		if !strings.Contains(string(conf), p) {
 			return nil, fmt.Errorf("%s/config.yaml no longer names %s", dir, p)
 		}
-		conf = []byte(strings.ReplaceAll(string(conf), p, ports[p]))
+		oldNew = append(oldNew, p, ports[p])
 	}
+	conf = []byte(strings.NewReplacer(oldNew...).Replace(string(conf)))
 	tmp, err := os.MkdirTemp("", "idemq-test-jaeger-")
 	if err != nil {
 		return nil, err
