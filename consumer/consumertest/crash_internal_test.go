@@ -21,7 +21,7 @@ import (
 // TestCrashIsACrash: in every mode, at each stage, a crash does to the
 // worker what a process that dies does: its broker connection drops and
 // the broker requeues both deliveries (none was acked, no copy published),
-// the transactions it held open are abandoned (their backends end, nothing
+// the transactions it held open are abandoned (they end, nothing
 // they wrote commits, a reservation in the group's transaction included),
 // no outcome is reported, and the lease is neither released nor extended:
 // it expires as it stood.
@@ -61,18 +61,22 @@ func TestCrashIsACrash(t *testing.T) {
 					t.Fatal(err)
 				}
 				var (
-					mu                    sync.Mutex
-					stepPIDs, handlerPIDs []uint32
+					mu                  sync.Mutex
+					stepTxs, handlerTxs []backendTx
 				)
-				backend := func(pids *[]uint32, tx pgx.Tx) {
+				backend := func(txs *[]backendTx, tx pgx.Tx) {
+					b, err := serverTx(ctx, tx)
+					if err != nil {
+						t.Errorf("the transaction's backend: %v", err)
+					}
 					mu.Lock()
 					defer mu.Unlock()
-					*pids = append(*pids, tx.Conn().PgConn().PID())
+					*txs = append(*txs, b)
 				}
 				h := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
-					backend(&handlerPIDs, tx)
+					backend(&handlerTxs, tx)
 					err := d.Step(ctx, "charge", func(ctx context.Context, tx pgx.Tx) error {
-						backend(&stepPIDs, tx)
+						backend(&stepTxs, tx)
 						_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ('step')")
 						return err
 					})
@@ -127,21 +131,24 @@ func TestCrashIsACrash(t *testing.T) {
 					n, err := k.queued()
 					return err == nil && n == len(msgs)
 				})
-				// The abandoned transactions' backends end: Postgres saw their
-				// connections close and rolled them back.
+				// The abandoned transactions end: Postgres (or the pooler
+				// between) saw their connections close and rolled them back.
 				mu.Lock()
-				var open []uint32
+				var abandoned []backendTx
 				if tc.stepOpen {
-					open = append(open, stepPIDs[len(stepPIDs)-1])
+					abandoned = append(abandoned, stepTxs[len(stepTxs)-1])
 				}
 				if tc.handlerOpen {
-					open = append(open, handlerPIDs[len(handlerPIDs)-1])
+					abandoned = append(abandoned, handlerTxs[len(handlerTxs)-1])
 				}
 				mu.Unlock()
-				WaitFor(t, 30*time.Second, "the abandoned backends to end", func() bool {
-					var n int
-					err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", open).Scan(&n)
-					return err == nil && n == 0
+				WaitFor(t, 30*time.Second, "the abandoned transactions to end", func() bool {
+					for _, b := range abandoned {
+						if open, err := b.open(ctx, pool); err != nil || open {
+							return false
+						}
+					}
+					return true
 				})
 				var steps, handlers int
 				err = pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE what = 'step'), count(*) FILTER (WHERE what = 'handler') FROM "+effects).Scan(&steps, &handlers)

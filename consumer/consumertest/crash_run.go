@@ -678,10 +678,37 @@ type hold struct {
 	copies        map[string]bool
 	once, freed   sync.Once
 	held, release chan struct{}
-	// scope is the key of the held delivery, and pid the backend of its
-	// transaction; set before held is closed.
+	// scope is the key of the held delivery, and tx its transaction on the
+	// server; set before held is closed.
 	scope dedup.Scope
+	tx    backendTx
+	txErr error
+}
+
+// backendTx is a transaction as the server sees it: its backend and when it
+// began. Through a transaction pooler (PgBouncer) the client connection's
+// PID names no backend, and the backend outlives the transaction: the
+// server is asked.
+type backendTx struct {
 	pid   uint32
+	start time.Time
+}
+
+// serverTx is tx's backendTx.
+func serverTx(ctx context.Context, tx pgx.Tx) (backendTx, error) {
+	var b backendTx
+	err := tx.QueryRow(ctx, "SELECT pid::bigint, xact_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&b.pid, &b.start)
+	return b, err
+}
+
+// open reports whether b is still going: its backend is in that same
+// transaction.
+func (b backendTx) open(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (bool, error) {
+	var open bool
+	err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND xact_start = $2)", int64(b.pid), b.start).Scan(&open)
+	return open, err
 }
 
 func newHold() *hold {
@@ -701,7 +728,7 @@ func (h *hold) wait(name string, tx pgx.Tx, ds ...*consumer.Delivery) {
 		first := false
 		h.once.Do(func() {
 			h.scope = dedup.Scope{Consumer: name, Tenant: d.Tenant, Key: d.Key}
-			h.pid = tx.Conn().PgConn().PID()
+			h.tx, h.txErr = serverTx(context.Background(), tx)
 			close(h.held)
 			first = true
 		})

@@ -1,6 +1,7 @@
 package consumertest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,7 +160,7 @@ func (k *pointRun) second(wave []amqp.Publishing, h *hold, leaseExpires bool) (*
 	}
 	// A copy that is not the same operation (another key) may just end; one
 	// whose key the held transaction reserved waits for it.
-	what, cond := "the second copies to find their keys busy", func() bool { return k.allSeen(ids) || k.blocks(h.pid) }
+	what, cond := "the second copies to find their keys busy", func() bool { return k.allSeen(ids) || k.blocks(h.tx.pid) }
 	if leaseExpires {
 		what, cond = "a second copy to take the key over", func() bool {
 			select {
@@ -201,9 +202,8 @@ func (k *pointRun) leaseEnds(h *hold) error {
 		rec, err := k.subject.Store.Inspect(context.Background(), h.scope)
 		switch {
 		case errors.Is(err, dedup.ErrNotFound):
-			var alive bool
-			if err := k.subject.Store.Pool().QueryRow(context.Background(),
-				"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", h.pid).Scan(&alive); err != nil {
+			alive, err := h.tx.open(context.Background(), k.subject.Store.Pool())
+			if err = cmp.Or(h.txErr, err); err != nil {
 				ierr = fmt.Errorf("look for the held transaction: %w", err)
 				return true
 			}
@@ -226,6 +226,6 @@ func (k *pointRun) leaseEnds(h *hold) error {
 func (k *pointRun) blocks(pid uint32) bool {
 	var n int
 	err := k.subject.Store.Pool().QueryRow(context.Background(),
-		"SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid).Scan(&n)
+		"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", int64(pid)).Scan(&n)
 	return err == nil && n > 0
 }
