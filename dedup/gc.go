@@ -3,16 +3,12 @@ package dedup
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/internal/sweep"
 )
-
-// gcLock is the class of the advisory lock that keeps GC to one instance at
-// a time per schema: the lock is (gcLock, hashtext(schema)), so that the GCs
-// of two schemas in one database do not skip each other.
-const gcLock = int32(0x1de3_0002)
 
 // GCResult counts what one GC run deleted.
 type GCResult struct {
@@ -29,7 +25,8 @@ type GCResult struct {
 	// horizon when the run ended (by its creation time): 0 when the run left
 	// nothing due. It grows run after run when GC does not keep up.
 	Behind time.Duration
-	// Skipped reports that another instance held the GC lock, so nothing ran.
+	// Skipped reports that another instance's run held the schema's GC
+	// lease, so nothing ran.
 	Skipped bool
 }
 
@@ -56,15 +53,24 @@ type GCOptions struct {
 	// Vacuum runs VACUUM on the table after a run that deleted rows,
 	// throttled as autovacuum is, so that their space is reused at once
 	// rather than when autovacuum comes by (never, where it is off). It
-	// needs the table's owner (the role that migrated the schema).
+	// needs the table's owner (the role that migrated the schema), and a
+	// connection of its own (Session).
 	Vacuum bool
+	// Session is where the VACUUM connects, on a connection of its own made
+	// for it, whose throttle is a startup parameter: nil, the pool's own
+	// connection config. Where the pool goes through a transaction pooler
+	// (PgBouncer's transaction mode), which refuses that parameter, it must
+	// reach Postgres directly (docs/operations.md, "PgBouncer").
+	Session *pgx.ConnConfig
 }
 
 // GC deletes completed keys older than the retention and leases abandoned
 // for longer than the retention, oldest first, in batches, each its own
 // short statement, so that no long lock is held; o bounds and paces the
-// run. Only one instance works on a schema at a time (an advisory lock);
-// the others return Skipped. It records the metrics idemq.gc.* (rows
+// run. Only one instance works on a schema at a time (the lease of the
+// schema's gc_runs row, renewed while the run lasts); the others return
+// Skipped. No statement of a run depends on a session: the store's pool may
+// go through a transaction pooler. It records the metrics idemq.gc.* (rows
 // deleted, batches, time behind the horizon, run time) on the store's
 // MeterProvider, with idemq.gc.table = keys.
 func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
@@ -73,23 +79,16 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 		retention = o.Retention
 	}
 	var res GCResult
-	conn, err := s.pool.Acquire(ctx)
+	ctx, release, held, err := s.holdGC(ctx)
 	if err != nil {
-		return res, fmt.Errorf("gc: acquire connection: %w", err)
+		return res, interpretError("gc", err)
 	}
-	defer conn.Release()
-	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", gcLock, s.cfg.Schema).Scan(&locked); err != nil {
-		return res, fmt.Errorf("gc: lock: %w", err)
-	}
-	if !locked {
+	if !held {
 		res.Skipped = true
 		return res, nil
 	}
-	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, hashtext($2))", gcLock, s.cfg.Schema)
-	}()
-	r, err := sweep.Run(ctx, conn, s.gcMetrics, []sweep.Step{
+	defer release()
+	r, err := sweep.Run(ctx, s.pool, s.gcMetrics, []sweep.Step{
 		{Kind: "completed", SQL: s.sql.gcCompleted},
 		{Kind: "abandoned", SQL: s.sql.gcAbandoned},
 	}, s.sql.gcBehind, sweep.Options{
@@ -98,6 +97,7 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 		Pause:      o.Pause,
 		MaxBatches: o.MaxBatches,
 		Vacuum:     vacuumTable(o.Vacuum, s.sql.table),
+		Session:    cmp.Or(o.Session, s.pool.Config().ConnConfig),
 	})
 	res.Completed, res.Abandoned, res.Batches, res.Behind, res.Vacuumed = r.Deleted[0], r.Deleted[1], r.Batches, r.Behind, r.Vacuumed
 	if err != nil {

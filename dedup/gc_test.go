@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testdb"
 )
 
 // gcMetrics reads the GC instruments of the keys table: the behind gauge in
@@ -120,7 +121,7 @@ func TestGCVacuum(t *testing.T) {
 SELECT 'payments', 'k' || j, 'completed', '\x00', 'ok', now() - interval '2 days', now() - interval '2 days' FROM generate_series(1, 50) AS j`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Vacuum: true})
+	res, err := store.GC(ctx, dedup.GCOptions{Retention: 24 * time.Hour, Vacuum: true, Session: testdb.Direct(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,27 +130,36 @@ SELECT 'payments', 'k' || j, 'completed', '\x00', 'ok', now() - interval '2 days
 	}
 }
 
-// The GC lock is per schema: a GC holding one schema's lock makes another
-// GC of that schema skip, never the GC of another schema in the database.
-func TestGCLockIsPerSchema(t *testing.T) {
+// The GC lease is per schema: a run holding one schema's lease makes another
+// GC of that schema skip, never the GC of another schema in the database; a
+// lease that expired (its run died) is taken over, and a run gives its
+// lease back when it ends. It holds through a transaction pooler: no
+// session keeps it.
+func TestGCLeaseIsPerSchema(t *testing.T) {
 	t.Parallel()
 	store, pool := newStore(t, 4, nil)
 	other, _ := newStore(t, 4, nil)
 	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
+	runs := store.Config().Schema + ".gc_runs"
+	// The lease another instance's run holds.
+	if _, err := pool.Exec(ctx, "INSERT INTO "+runs+" VALUES ('keys', 'another', now() + interval '1 minute')"); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	// The lock GC takes, held by "another instance".
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(x'1de30002'::int, hashtext($1))", store.Config().Schema); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = conn.Exec(ctx, "SELECT pg_advisory_unlock_all()") }()
 	if res, err := store.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil || !res.Skipped {
-		t.Fatalf("gc of the locked schema = %+v, %v; want skipped", res, err)
+		t.Fatalf("gc of the held schema = %+v, %v; want skipped", res, err)
 	}
 	if res, err := other.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil || res.Skipped {
 		t.Fatalf("gc of another schema = %+v, %v; want it to run", res, err)
+	}
+	// That run died: its lease expired.
+	if _, err := pool.Exec(ctx, "UPDATE "+runs+" SET until = now() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := store.GC(ctx, dedup.GCOptions{Retention: time.Hour}); err != nil || res.Skipped {
+		t.Fatalf("gc after the lease expired = %+v, %v; want it to run", res, err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+runs).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d leases left after the run (%v), want it given back", left, err)
 	}
 }

@@ -10,10 +10,13 @@ import (
 type statements struct {
 	reserve, complete, release, forget, extend, inspect, checkpoint string
 	gcCompleted, gcAbandoned, gcBehind                              string
-	reserveBatch, inspectBatch, extendBatch, completeBatch          string
-	headerKeys                                                      string
-	releaseBatch                                                    string
-	stats                                                           string
+	// The lease of the schema's one GC run (gc_runs, see Store.holdGC):
+	// taken when free or expired, renewed, given back.
+	gcTake, gcRenew, gcGive                                string
+	reserveBatch, inspectBatch, extendBatch, completeBatch string
+	headerKeys                                             string
+	releaseBatch                                           string
+	stats                                                  string
 	// holds reads, without locking it, whether a lease still holds its key
 	// and has time left.
 	holds string
@@ -163,6 +166,15 @@ WHERE k.lease_token = c.token AND k.state = 'in_progress'
 
 		gcAbandoned: sweep.DeleteSQL(t, `created_at < now() - $1::bigint * interval '1 microsecond'
       AND state = 'in_progress' AND locked_until < now() - $1::bigint * interval '1 microsecond'`, "created_at"),
+
+		gcTake: `INSERT INTO ` + schema + `.gc_runs AS g (name, holder, until)
+VALUES ('keys', $1, now() + $2::bigint * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until
+WHERE g.until < now()
+RETURNING holder`,
+		gcRenew: `UPDATE ` + schema + `.gc_runs SET until = now() + $2::bigint * interval '1 microsecond'
+WHERE name = 'keys' AND holder = $1 AND until >= now()`,
+		gcGive: `DELETE FROM ` + schema + `.gc_runs WHERE name = 'keys' AND holder = $1`,
 
 		// How far past the horizon the oldest key still due was created, in
 		// microseconds (0 when none is): the first due row of the created_at

@@ -70,20 +70,15 @@ func (o *Outbox) gc(ctx context.Context, kind, column string, opts dedup.GCOptio
 	}
 	behind := `SELECT coalesce((extract(epoch FROM (now() - $1::bigint * interval '1 microsecond') - least(` +
 		strings.Join(oldest, ", ") + `)) * 1e6)::bigint, 0)`
-	// One connection for the run: VACUUM's throttle is a session setting.
-	conn, err := o.pool.Acquire(ctx)
-	if err != nil {
-		return GCResult{}, fmt.Errorf("outbox: gc: acquire connection: %w", err)
-	}
-	defer conn.Release()
-	sw := sweep.Options{Retention: retention, Batch: opts.Batch, Pause: opts.Pause, MaxBatches: opts.MaxBatches}
+	sw := sweep.Options{Retention: retention, Batch: opts.Batch, Pause: opts.Pause, MaxBatches: opts.MaxBatches,
+		Session: cmp.Or(opts.Session, o.pool.Config().ConnConfig)}
 	if opts.Vacuum {
 		// The relays' moves leave dead rows in the outbox table too.
 		vacuum := append(slices.Clone(tables), o.table)
 		slices.Sort(vacuum)
 		sw.Vacuum = strings.Join(slices.Compact(vacuum), ", ")
 	}
-	r, err := sweep.Run(ctx, conn, o.gcMetrics, steps, behind, sw)
+	r, err := sweep.Run(ctx, o.pool, o.gcMetrics, steps, behind, sw)
 	res := GCResult{Batches: r.Batches, Behind: r.Behind, Vacuumed: r.Vacuumed}
 	for _, n := range r.Deleted {
 		res.Deleted += n

@@ -75,7 +75,7 @@ UNION ALL SELECT 'x', 'k', ''::bytea, 'pending', NULL`); err != nil {
 	if got["idemq.gc.deleted"] != 20 || got["idemq.gc.batches"] != 2 || got["idemq.gc.behind"] < 39*60 || got["idemq.gc.behind"] > 41*60 {
 		t.Fatalf("metrics %v, want 20 deleted, 2 batches, 40m behind", got)
 	}
-	res, err = ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 10, Vacuum: true})
+	res, err = ob.GC(ctx, dedup.GCOptions{Retention: time.Hour, Batch: 10, Vacuum: true, Session: testdb.Direct(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

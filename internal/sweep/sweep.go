@@ -36,10 +36,14 @@ const (
 	DefaultPause = 50 * time.Millisecond
 )
 
-// Querier runs the statements: a pool or a connection.
+// Querier runs the statements: a pool or a connection. A run keeps no
+// state in a session between its statements, so that a pool behind a
+// transaction pooler (PgBouncer) serves it as well as a connection.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // DeleteSQL is the statement of a Step: it deletes at most $2 rows of table
@@ -84,11 +88,17 @@ type Options struct {
 	// not. 0: no bound.
 	MaxBatches int
 	// Vacuum, when set, is the (quoted) table, or the comma-separated
-	// tables, a run that deleted rows vacuums after its deletes, throttled as autovacuum is by default
-	// (vacuum_cost_delay 2ms), so that the space of the deleted rows is
-	// reused at once. It needs the table's owner; the Querier must then be
-	// one connection, not a pool (the throttle is a session setting).
+	// tables, a run that deleted rows vacuums after its deletes, throttled
+	// as autovacuum is by default (vacuum_cost_delay 2ms), so that the space
+	// of the deleted rows is reused at once. It needs the table's owner.
 	Vacuum string
+	// Session is where the VACUUM connects: a connection of its own, made
+	// for it and closed after, whose throttle is a startup parameter. A
+	// transaction pooler refuses that parameter (PgBouncer: unsupported
+	// startup parameter), where a SET could reach another backend than the
+	// VACUUM: through one, Session must reach Postgres directly. Required
+	// with Vacuum.
+	Session *pgx.ConnConfig
 }
 
 // Result is what a run did.
@@ -159,9 +169,11 @@ func Run(ctx context.Context, q Querier, m *Metrics, steps []Step, behindSQL str
 	if o.Retention <= 0 || o.Batch < 1 {
 		return res, fmt.Errorf("retention %s and batch %d must be positive", o.Retention, o.Batch)
 	}
+	if o.Vacuum != "" && o.Session == nil {
+		return res, errors.New("vacuum needs Options.Session")
+	}
 	start := time.Now()
-	defer compressWAL(ctx, q)()
-	err := run(ctx, q, m, steps, o, &res)
+	err := run(ctx, q, m, steps, o, walCompression(ctx, q), &res)
 	// Measure also after a failure or a deadline: a run cut short is what
 	// the behind gauge is there to show. Measured before the VACUUM, which
 	// deletes nothing while the horizon moves on.
@@ -175,13 +187,13 @@ func Run(ctx context.Context, q Querier, m *Metrics, steps []Step, behindSQL str
 		m.behind.Record(mctx, res.Behind.Seconds(), metric.WithAttributes(m.attrs...))
 	}
 	if err == nil && o.Vacuum != "" && sum(res.Deleted) > 0 {
-		err = vacuum(ctx, q, o.Vacuum, &res)
+		err = vacuum(ctx, o.Session, o.Vacuum, &res)
 	}
 	m.duration.Record(mctx, time.Since(start).Seconds(), metric.WithAttributes(m.attrs...))
 	return res, err
 }
 
-func run(ctx context.Context, q Querier, m *Metrics, steps []Step, o Options, res *Result) error {
+func run(ctx context.Context, q Querier, m *Metrics, steps []Step, o Options, wal string, res *Result) error {
 	attrs := metric.WithAttributes(m.attrs...)
 	for i, step := range steps {
 		kind := metric.WithAttributes(append(m.attrs[:len(m.attrs):len(m.attrs)], attribute.String("idemq.gc.kind", step.Kind))...)
@@ -189,7 +201,7 @@ func run(ctx context.Context, q Querier, m *Metrics, steps []Step, o Options, re
 			if o.MaxBatches > 0 && res.Batches >= o.MaxBatches {
 				return nil
 			}
-			tag, err := q.Exec(ctx, step.SQL, o.Retention.Microseconds(), o.Batch)
+			tag, err := deleteBatch(ctx, q, wal, step.SQL, o.Retention.Microseconds(), o.Batch)
 			if err != nil {
 				return fmt.Errorf("delete %s: %w", step.Kind, err)
 			}
@@ -216,39 +228,79 @@ func sum(ns []int64) int64 {
 	return t
 }
 
-// vacuum runs VACUUM on table, with its index pass, throttled like autovacuum.
-func vacuum(ctx context.Context, q Querier, table string, res *Result) error {
+// vacuum runs VACUUM on table, with its index pass, throttled like
+// autovacuum, on a connection of its own made from session (see
+// Options.Session).
+func vacuum(ctx context.Context, session *pgx.ConnConfig, table string, res *Result) error {
 	start := time.Now()
-	if _, err := q.Exec(ctx, "SET vacuum_cost_delay = 2"); err != nil {
-		return fmt.Errorf("vacuum %s: %w", table, err)
+	cfg := session.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
 	}
-	defer func() { _, _ = q.Exec(context.WithoutCancel(ctx), "RESET vacuum_cost_delay") }()
+	cfg.RuntimeParams["vacuum_cost_delay"] = "2"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("vacuum %s: connect (the VACUUM's throttle is a startup parameter, which a transaction pooler refuses: through one, give GC a direct connection, GCOptions.Session or idemq --postgres-direct-url): %w", table, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
 	// INDEX_CLEANUP ON: when few pages hold dead rows (GC's deletes sit
 	// together), VACUUM would skip the index pass, and then it cannot mark
 	// those pages' space free: the table would grow by up to 2 % of its pages
 	// before a pass runs. A GC that vacuums wants the space back now.
-	if _, err := q.Exec(ctx, "VACUUM (INDEX_CLEANUP ON) "+table); err != nil {
+	if _, err := conn.Exec(ctx, "VACUUM (INDEX_CLEANUP ON) "+table); err != nil {
 		return fmt.Errorf("vacuum %s: %w", table, err)
 	}
 	res.Vacuumed = time.Since(start)
 	return nil
 }
 
-// compressWAL asks Postgres to compress the full-page images in the WAL
-// this session writes (wal_compression, lz4 where the server has it), for
-// the length of the run: GC's deletes and VACUUM dirty many pages once
-// each, and half of their WAL is then saved, which the workers' commits
-// would otherwise wait behind. Only a superuser, or a role granted SET on
-// the parameter (Postgres 15: GRANT SET ON PARAMETER wal_compression TO
-// role), may; for others the run goes on uncompressed. The returned func
-// puts the session's setting back, so that a pooled connection does not keep it.
-func compressWAL(ctx context.Context, q Querier) (reset func()) {
+// walCompression is how the run's deletes compress the full-page images of
+// the WAL they write (wal_compression: lz4 where the server has it, else
+// on), or "" where the role may not set it: GC's deletes and VACUUM dirty
+// many pages once each, and half of their WAL is then saved, which the
+// workers' commits would otherwise wait behind. Only a superuser, or a role
+// granted SET on the parameter (Postgres 15: GRANT SET ON PARAMETER
+// wal_compression TO role), may. It is tried in a transaction that rolls
+// back.
+func walCompression(ctx context.Context, q Querier) string {
 	for _, method := range []string{"lz4", "on"} {
-		if _, err := q.Exec(ctx, "SET wal_compression = "+method); err == nil {
-			return func() { _, _ = q.Exec(context.WithoutCancel(ctx), "RESET wal_compression") }
+		tx, err := q.Begin(ctx)
+		if err != nil {
+			return ""
+		}
+		_, err = tx.Exec(ctx, "SELECT set_config('wal_compression', $1, true)", method)
+		_ = tx.Rollback(ctx)
+		if err == nil {
+			return method
 		}
 	}
-	return func() {}
+	return ""
+}
+
+// deleteBatch runs one delete, with wal_compression set to wal for its
+// transaction alone (set_config's is_local, in the batch's one implicit
+// transaction): no session keeps the setting, through a pooler or not.
+func deleteBatch(ctx context.Context, q Querier, wal, sql string, args ...any) (pgconn.CommandTag, error) {
+	if wal == "" {
+		return q.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('wal_compression', $1, true)", wal)
+	b.Queue(sql, args...)
+	br := q.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return pgconn.CommandTag{}, fmt.Errorf("set wal_compression: %w", err)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
 }
 
 func pause(ctx context.Context, d time.Duration) error {

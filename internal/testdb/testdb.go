@@ -28,6 +28,31 @@ func URL() string {
 	return DefaultURL
 }
 
+// DirectURL is the test database reached without a pooler, for what needs
+// a session of its own (LISTEN, GC's VACUUM, startup parameters):
+// IDEMQ_TEST_POSTGRES_DIRECT_URL, else URL. make test sets it when it runs
+// the suites through PgBouncer (IDEMQ_TEST_POSTGRES_URL then names it).
+func DirectURL() string {
+	if u := os.Getenv("IDEMQ_TEST_POSTGRES_DIRECT_URL"); u != "" {
+		return u
+	}
+	return URL()
+}
+
+// Direct is DirectURL's connection config.
+func Direct(tb testing.TB) *pgx.ConnConfig {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(DirectURL())
+	if err != nil {
+		tb.Fatalf("testdb: parse IDEMQ_TEST_POSTGRES_DIRECT_URL: %v", err)
+	}
+	return cfg
+}
+
+// Pooled reports whether the tests reach Postgres through a pooler: the
+// test database's URL is not its direct one.
+func Pooled() bool { return DirectURL() != URL() }
+
 // Pool opens a pool of at most maxConns connections to the test database and
 // closes it when the test ends. It fails the test if Postgres does not answer.
 func Pool(tb testing.TB, maxConns int32) *pgxpool.Pool {
