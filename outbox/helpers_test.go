@@ -129,6 +129,9 @@ func (e *env) relayConfig(t testing.TB) *outbox.RelayConfig {
 		RetryMax:       100 * time.Millisecond,
 		Propagator:     propagation.TraceContext{},
 		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// LISTEN needs a session: through PgBouncer (make test's second
+		// pass) it goes to Postgres directly.
+		ListenConfig: testdb.Direct(t),
 	}
 }
 

@@ -3,6 +3,8 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -342,7 +344,10 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 	for ctx.Err() == nil {
 		started := r.dbOutage.Attempt()
 		err := func() error {
-			cfg := r.pool.Config().ConnConfig.Copy()
+			cfg := cmp.Or(r.cfg.ListenConfig, r.pool.Config().ConnConfig).Copy()
+			if cfg.RuntimeParams == nil {
+				cfg.RuntimeParams = map[string]string{}
+			}
 			cfg.RuntimeParams["application_name"] = r.cfg.ConnectionName + "-listen"
 			conn, err := pgx.ConnectConfig(ctx, cfg)
 			if err != nil {
@@ -356,9 +361,16 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 				return fmt.Errorf("listen: %w", err)
 			}
+			heard, err := r.hears(ctx, conn, channel, signal)
+			if err != nil {
+				return err
+			}
 			bo.Reset()
 			r.dbOutage.Recovered(ctx, started)
 			signal()
+			if !heard {
+				return errDeaf
+			}
 			for {
 				if _, err := conn.WaitForNotification(ctx); err != nil {
 					return fmt.Errorf("wait for notification: %w", err)
@@ -369,10 +381,48 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errDeaf) {
+			r.log.WarnContext(ctx, "outbox relay: its LISTEN connection does not hear NOTIFY (a transaction pooler such as PgBouncer between it and Postgres?); polling every "+r.cfg.PollInterval.String()+" instead: give the relay a direct connection for LISTEN (RelayConfig.ListenConfig, idemq --postgres-direct-url)",
+				slog.String("channel", channel))
+			return
+		}
 		r.dbOutage.Failed(ctx, "outbox relay LISTEN connection failed; polling until it is back", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return
 		}
+	}
+}
+
+// errDeaf is a LISTEN connection that did not hear its own probe.
+var errDeaf = errors.New("the LISTEN connection hears no notification")
+
+// probeWait bounds how long a new LISTEN connection waits for its probe.
+const probeWait = 5 * time.Second
+
+// hears reports whether conn, LISTENing on channel, hears a notification
+// sent through the pool: through a transaction pooler the LISTEN was made
+// by a backend that serves others now, and nothing reaches conn. Other
+// notifications that come meanwhile are signalled.
+func (r *Relay) hears(ctx context.Context, conn *pgx.Conn, channel string, signal func()) (bool, error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	probe := "idemq-listen-probe-" + hex.EncodeToString(b[:])
+	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, probe); err != nil {
+		return false, fmt.Errorf("probe: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, probeWait)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		switch {
+		case err != nil && ctx.Err() == nil && wctx.Err() != nil:
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("wait for the probe: %w", err)
+		case n.Payload == probe:
+			return true, nil
+		}
+		signal()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -61,6 +62,14 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// NoNotify turns LISTEN/NOTIFY off: the relay only polls.
 	NoNotify bool
+	// ListenConfig is where the relay's LISTEN connection connects: nil,
+	// the pool's own connection config. A LISTEN needs a session, which a
+	// transaction pooler (PgBouncer's transaction mode) does not keep:
+	// through one, give a config that reaches Postgres directly. Each
+	// LISTEN connection checks that it hears a notification of its own sent
+	// through the pool; one that does not logs why and the relay polls
+	// (docs/operations.md, "PgBouncer").
+	ListenConfig *pgx.ConnConfig
 	// ConfirmTimeout bounds the wait for the confirms of one batch. The rows
 	// not confirmed in time are retried later and the broker connection is
 	// opened anew. Default 10s.

@@ -53,6 +53,18 @@ func Direct(tb testing.TB) *pgx.ConnConfig {
 // test database's URL is not its direct one.
 func Pooled() bool { return DirectURL() != URL() }
 
+// PgBouncerURL is the test database through PgBouncer in transaction
+// pooling mode, which make test starts (deploy/local/ensure-pgbouncer.sh):
+// IDEMQ_TEST_PGBOUNCER_URL. A test that needs it fails without it.
+func PgBouncerURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv("IDEMQ_TEST_PGBOUNCER_URL")
+	if u == "" {
+		tb.Fatal("testdb: IDEMQ_TEST_PGBOUNCER_URL is not set: run make test, or start PgBouncer with deploy/local/ensure-pgbouncer.sh and set it as that script prints")
+	}
+	return u
+}
+
 // Pool opens a pool of at most maxConns connections to the test database and
 // closes it when the test ends. It fails the test if Postgres does not answer.
 func Pool(tb testing.TB, maxConns int32) *pgxpool.Pool {
