@@ -20,6 +20,12 @@ export IDEMQ_TEST_POSTGRES_URL IDEMQ_TEST_AMQP_URL
 # (cmd/idemq), the end-to-end tests (integration) and the UI's browser test
 # (integration/browser) are five modules tied by go.work; a pattern names each.
 PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integration/browser/...
+# What make test runs a second time through PgBouncer in transaction mode:
+# the consumer (every mode, in the conformance suite), the worker, the key
+# store and the HTTP middleware, migrations, the outbox and its relay, GC,
+# the gateway, the UI and the DLQ tools.
+POOLED_PKGS := ./consumer ./consumer/worker ./dedup/... ./outbox/... ./internal/conformance ./internal/sweep \
+	./cmd/idemq/internal/gateway ./cmd/idemq/internal/ui ./cmd/idemq/internal/dlq
 
 .PHONY: help up test lint demo bench scale chaos cluster cluster-up cluster-down fuzz build jaeger tidy screenshots
 
@@ -41,8 +47,15 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 	@# The interop tests publish and read CloudEvents with Node.js packages
 	@# (integration/interop): install Node.js 18+ where it is missing.
 	@bash deploy/local/ensure-node.sh
+	@# The suites of POOLED_PKGS run a second time through PgBouncer in
+	@# transaction pooling mode (docs/operations.md, "PgBouncer"); the first
+	@# pass uses it too (the relay's LISTEN through a pooler): start it.
+	$(eval IDEMQ_TEST_PGBOUNCER_URL := $(shell bash deploy/local/ensure-pgbouncer.sh))
+	@[[ -n "$(IDEMQ_TEST_PGBOUNCER_URL)" ]] || { echo "PgBouncer did not start (deploy/local/ensure-pgbouncer.sh)"; exit 1; }
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
+	IDEMQ_TEST_PGBOUNCER_URL='$(IDEMQ_TEST_PGBOUNCER_URL)' $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
+	IDEMQ_TEST_PGBOUNCER_URL='$(IDEMQ_TEST_PGBOUNCER_URL)' IDEMQ_TEST_POSTGRES_URL='$(IDEMQ_TEST_PGBOUNCER_URL)' \
+		IDEMQ_TEST_POSTGRES_DIRECT_URL='$(IDEMQ_TEST_POSTGRES_URL)' $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(POOLED_PKGS)
 	@# Every fuzz target for a bounded time (their seed corpora ran above).
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 

@@ -133,12 +133,15 @@ type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 
-	postgresURL    string
-	amqpURL        string
-	schema         string
-	logLevel       string
-	logFormat      string
-	connectTimeout time.Duration
+	postgresURL string
+	// postgresDirectURL reaches the database of postgresURL without a
+	// pooler, for the work that needs a session; "" when it needs none.
+	postgresDirectURL string
+	amqpURL           string
+	schema            string
+	logLevel          string
+	logFormat         string
+	connectTimeout    time.Duration
 
 	log *slog.Logger
 	tel *telemetry.Telemetry
@@ -147,6 +150,7 @@ type app struct {
 // envFlags maps global flags to their environment fallbacks.
 var envFlags = []struct{ flag, env string }{
 	{"postgres-url", "IDEMQ_POSTGRES_URL"},
+	{"postgres-direct-url", "IDEMQ_POSTGRES_DIRECT_URL"},
 	{"amqp-url", "IDEMQ_AMQP_URL"},
 	{"schema", "IDEMQ_SCHEMA"},
 	{"log-level", "IDEMQ_LOG_LEVEL"},
@@ -165,6 +169,7 @@ dead-letter queue.
 
 Global flags fall back to environment variables (a flag given wins):
   --postgres-url     IDEMQ_POSTGRES_URL
+  --postgres-direct-url  IDEMQ_POSTGRES_DIRECT_URL
   --amqp-url         IDEMQ_AMQP_URL
   --schema           IDEMQ_SCHEMA
   --log-level        IDEMQ_LOG_LEVEL
@@ -185,6 +190,7 @@ Exit codes: 0 success, 1 run-time failure, 2 bad usage.`,
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.postgresURL, "postgres-url", DefaultPostgresURL, "Postgres URL of the key store and the outbox (env IDEMQ_POSTGRES_URL)")
+	f.StringVar(&a.postgresDirectURL, "postgres-direct-url", "", "where --postgres-url goes through a transaction pooler (PgBouncer): a URL of the same database without it, for what needs a session — the relay's LISTEN, GC's VACUUM (env IDEMQ_POSTGRES_DIRECT_URL; default --postgres-url)")
 	a.amqpURL = DefaultAMQPURL
 	f.Var(&urlList{s: &a.amqpURL}, "amqp-url", "RabbitMQ URL, amqp:// or amqps://; several (the nodes of a cluster) separated by commas or with the flag repeated (env IDEMQ_AMQP_URL)")
 	f.StringVar(&a.schema, "schema", schema.Default, "Postgres schema of idemq's tables (env IDEMQ_SCHEMA)")

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -64,6 +65,19 @@ func (a *app) postgresConfig() (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
+// directConfig parses --postgres-direct-url: nil when it is not given, the
+// pool's own config then serving what needs a session (LISTEN, VACUUM).
+func (a *app) directConfig() (*pgx.ConnConfig, error) {
+	if a.postgresDirectURL == "" {
+		return nil, nil
+	}
+	cfg, err := pgx.ParseConfig(a.postgresDirectURL)
+	if err != nil {
+		return nil, usagef("--postgres-direct-url: %s", redact.Error(err))
+	}
+	return cfg, nil
+}
+
 // amqpAddrs parses --amqp-url: one AMQP URL or several (the flag repeated,
 // or separated by commas). A URL that does not parse is bad usage (exit 2),
 // reported without its credentials.
@@ -85,6 +99,9 @@ func (a *app) checkAMQPURL() error {
 // (forward, relay, demo, bench), before they connect to either.
 func (a *app) checkURLs() error {
 	if _, err := a.postgresConfig(); err != nil {
+		return err
+	}
+	if _, err := a.directConfig(); err != nil {
 		return err
 	}
 	return a.checkAMQPURL()

@@ -172,11 +172,15 @@ fingerprint over its data).`,
 			if ordered {
 				ccfg.Ordering = &consumer.Ordering{GapTimeout: gapTimeout}
 			}
+			direct, err := a.directConfig()
+			if err != nil {
+				return err
+			}
 			st, err := forward.New(store, forward.Config{
 				Consumer:     ccfg,
 				Exchange:     toExchange,
 				RoutingKey:   toRoutingKey,
-				Relay:        outbox.RelayConfig{ConnectionName: "idemq-forward-" + name + "-relay", BatchSize: relayBatch},
+				Relay:        outbox.RelayConfig{ConnectionName: "idemq-forward-" + name + "-relay", BatchSize: relayBatch, ListenConfig: direct},
 				DrainTimeout: drainTimeout,
 			})
 			if err != nil {
@@ -313,9 +317,14 @@ never dropped. Runs until SIGINT or SIGTERM, then finishes its batch and exits 0
 			if err != nil {
 				return err
 			}
+			direct, err := a.directConfig()
+			if err != nil {
+				return err
+			}
 			r, err := outbox.NewRelay(ob, a.amqpURL, &outbox.RelayConfig{
 				BatchSize:    batch,
 				PollInterval: poll,
+				ListenConfig: direct,
 				Logger:       a.log,
 			})
 			if err != nil {

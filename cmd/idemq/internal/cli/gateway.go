@@ -143,6 +143,10 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 			if err != nil {
 				return err
 			}
+			direct, err := a.directConfig()
+			if err != nil {
+				return err
+			}
 			g, err := gateway.New(store, gateway.Config{
 				Consumer:         name,
 				Exchange:         toExchange,
@@ -155,7 +159,7 @@ finishes the requests in hand, flushes the outbox and exits 0.`,
 				Tokens:           tokens,
 				TenantHeader:     tenantHeader,
 				AMQPURL:          a.amqpURL,
-				Relay:            outbox.RelayConfig{ConnectionName: "idemq-gateway-" + name + "-relay"},
+				Relay:            outbox.RelayConfig{ConnectionName: "idemq-gateway-" + name + "-relay", ListenConfig: direct},
 				Middleware:       idemhttp.Config{DocURL: docURL, MaxBody: maxBody},
 				DrainTimeout:     drainTimeout,
 				ShutdownTimeout:  shutdownTimeout,

@@ -75,11 +75,15 @@ the longest redelivery of any queue feeding the key store.`,
 			if err != nil {
 				return err
 			}
-			keys, err := store.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
+			direct, err := a.directConfig()
 			if err != nil {
 				return err
 			}
-			rows, err := ob.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum})
+			keys, err := store.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum, Session: direct})
+			if err != nil {
+				return err
+			}
+			rows, err := ob.GC(ctx, dedup.GCOptions{Retention: retention, Batch: batch, Pause: pause, MaxBatches: maxBatches, Vacuum: vacuum, Session: direct})
 			if err != nil {
 				return err
 			}
