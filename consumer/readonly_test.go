@@ -36,7 +36,9 @@ func TestReadOnlyServerIsAnInfrastructureFailure(t *testing.T) {
 		c.MaxAttempts = 10
 		c.RetryMax = time.Second
 	})
-	pcfg, err := pgxpool.ParseConfig(testdb.URL())
+	// The standby is played by a session setting given at connect, which
+	// a pooler does not pass on: straight to Postgres.
+	pcfg, err := pgxpool.ParseConfig(testdb.DirectURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,9 @@ func TestRelayOnAReadOnlyServer(t *testing.T) {
 	t.Parallel()
 	const n = 20
 	e := newEnv(t, 4)
-	pcfg, err := pgxpool.ParseConfig(testdb.URL())
+	// The standby is played by a session setting given at connect, which
+	// a pooler does not pass on: straight to Postgres.
+	pcfg, err := pgxpool.ParseConfig(testdb.DirectURL())
 	if err != nil {
 		t.Fatal(err)
 	}
