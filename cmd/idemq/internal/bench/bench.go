@@ -65,6 +65,11 @@ type Options struct {
 	RiverWorkers int
 	// NoPublish leaves out the publishing side (relay, forward).
 	NoPublish bool
+	// PgBouncerURL, when set, is the bench's database through PgBouncer in
+	// transaction mode (with default_query_exec_mode=cache_describe or
+	// exec): the default mode and the batch handler run through it too, in
+	// rows of their own.
+	PgBouncerURL string
 	// Only, when set, is a regular expression: only the rows whose name it
 	// matches run, with the bare rows of each table (the ratios' base).
 	Only string
@@ -157,6 +162,8 @@ type scenario struct {
 	// partitioned, the consumer ordered, and the messages carry
 	// orderedKeys ordering keys and their sequences.
 	partitions, orderedKeys int
+	// pooled runs the row's worker through Options.PgBouncerURL.
+	pooled bool
 	// skip, when set, is why the row does not run.
 	skip string
 }
@@ -244,6 +251,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		scenario{name: "idemq batch 100, 20% dup", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, duplicates: 0.2},
 		scenario{name: fmt.Sprintf("idemq ordered, 4 partitions, 1000 keys, group %d", g), mode: modeIdemq, consumer: consumer.ModeGroup, groupSize: g, partitions: 4, orderedKeys: 1000},
 	)
+	if o.PgBouncerURL != "" {
+		scenarios = append(scenarios,
+			scenario{name: fmt.Sprintf("idemq per-message, group commit %d, via PgBouncer", g), mode: modeIdemq, consumer: consumer.ModeGroup, groupSize: g, pooled: true},
+			scenario{name: "idemq batch handler 100, via PgBouncer", mode: modeIdemq, consumer: consumer.ModeBatch, groupSize: 100, pooled: true})
+	}
 	if o.WatermillDir != "" {
 		scenarios = append(scenarios,
 			scenario{name: "watermill + in-memory Deduplicator, 20% dup", kind: runWatermill, work: "memory", duplicates: 0.2, skip: wmSkip},
@@ -647,7 +659,11 @@ func (b *bench) runScenario(ctx context.Context, sc scenario, measure func() mea
 		return Result{}, err
 	}
 	quiesce(ctx, b.pool)
-	spec := workerSpec{Mode: sc.mode, PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
+	pgURL := o.PostgresURL
+	if sc.pooled {
+		pgURL = o.PgBouncerURL
+	}
+	spec := workerSpec{Mode: sc.mode, PostgresURL: pgURL, AMQPURL: o.AMQPURL, Schema: benchSchema, Queue: queue,
 		Count: o.Messages, MaxDuration: o.MaxDuration, Concurrency: cmp.Or(sc.concurrency, o.Concurrency), Prefetch: o.Prefetch, GroupSize: sc.groupSize,
 		Consumer: sc.consumer, Linger: sc.linger, Partitions: sc.partitions}
 	var res workerResult

@@ -118,6 +118,7 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
 		Example: `  idemq bench
   idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
   idemq bench --messages 5000 --max-duration 10s --no-publish
+  idemq bench --pgbouncer-url "$(deploy/local/ensure-pgbouncer.sh)"
   idemq bench --sweep --plot docs/img/group-commit.svg`,
 		Args: noArgs,
 		RunE: run(func(cmd *cobra.Command, _ []string) error {
@@ -157,6 +158,7 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
 	f.StringVar(&o.RiverDir, "river-dir", "bench/river", "module of the River peer (relative: as --benchref); empty leaves its row out")
 	f.IntVar(&o.RiverWorkers, "river-workers", 100, "River's MaxWorkers")
 	f.BoolVar(&o.NoPublish, "no-publish", false, "leave out the publishing side (relay, forward)")
+	f.StringVar(&o.PgBouncerURL, "pgbouncer-url", "", "the database of --postgres-url through PgBouncer in transaction mode (default_query_exec_mode=cache_describe): the default mode and the batch handler also run through it, in rows of their own (deploy/local/ensure-pgbouncer.sh prints one)")
 	f.StringVar(&o.Only, "only", "", "run only the rows whose name matches this regular expression (the bare rows, which the ratios need, always run)")
 	return cmd
 }
