@@ -68,8 +68,8 @@ type Config struct {
 // GC is retention run by the worker: every Every, the completed keys older
 // than Keys.Retention and then the outbox's published rows older than
 // Outbox.Retention are deleted, in batches (dedup.Store.GC,
-// outbox.Outbox.GC). Several workers may run it: each round takes an
-// advisory lock, and a round that finds it taken is skipped.
+// outbox.Outbox.GC). Several workers may run it: each round of the keys
+// takes the schema's GC lease, and a round that finds it taken is skipped.
 type GC struct {
 	// Every is the interval between rounds (required, positive).
 	Every time.Duration
