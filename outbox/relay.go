@@ -341,6 +341,7 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 	}
 	bo := r.reconnectBackoff()
 	channel := ChannelName(r.ob.cfg.Schema)
+	deaf := false
 	for ctx.Err() == nil {
 		started := r.dbOutage.Attempt()
 		err := func() error {
@@ -382,9 +383,17 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 			return
 		}
 		if errors.Is(err, errDeaf) {
-			r.log.WarnContext(ctx, "outbox relay: its LISTEN connection does not hear NOTIFY (a transaction pooler such as PgBouncer between it and Postgres?); polling every "+r.cfg.PollInterval.String()+" instead: give the relay a direct connection for LISTEN (RelayConfig.ListenConfig, idemq --postgres-direct-url)",
-				slog.String("channel", channel))
-			return
+			// Said once; tried again now and then, in case the probe was
+			// only slow (a loaded server) or the pooler went.
+			if !deaf {
+				r.log.WarnContext(ctx, "outbox relay: its LISTEN connection does not hear NOTIFY (a transaction pooler such as PgBouncer between it and Postgres?); polling every "+r.cfg.PollInterval.String()+" instead: give the relay a direct connection for LISTEN (RelayConfig.ListenConfig, idemq --postgres-direct-url)",
+					slog.String("channel", channel))
+				deaf = true
+			}
+			if !sleepCtx(ctx, deafRetry) {
+				return
+			}
+			continue
 		}
 		r.dbOutage.Failed(ctx, "outbox relay LISTEN connection failed; polling until it is back", err)
 		if !sleepCtx(ctx, bo.NextBackOff()) {
@@ -396,8 +405,13 @@ func (r *Relay) listen(ctx context.Context, lanes []*lane) {
 // errDeaf is a LISTEN connection that did not hear its own probe.
 var errDeaf = errors.New("the LISTEN connection hears no notification")
 
-// probeWait bounds how long a new LISTEN connection waits for its probe.
-const probeWait = 5 * time.Second
+// probeWait bounds how long a new LISTEN connection waits for its probe;
+// deafRetry is how long the relay polls before it tries a LISTEN again after
+// one that heard nothing.
+const (
+	probeWait = 10 * time.Second
+	deafRetry = time.Minute
+)
 
 // hears reports whether conn, LISTENing on channel, hears a notification
 // sent through the pool: through a transaction pooler the LISTEN was made

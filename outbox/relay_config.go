@@ -67,7 +67,8 @@ type RelayConfig struct {
 	// transaction pooler (PgBouncer's transaction mode) does not keep:
 	// through one, give a config that reaches Postgres directly. Each
 	// LISTEN connection checks that it hears a notification of its own sent
-	// through the pool; one that does not logs why and the relay polls
+	// through the pool; one that does not logs why and the relay polls,
+	// trying a LISTEN again every minute
 	// (docs/operations.md, "PgBouncer").
 	ListenConfig *pgx.ConnConfig
 	// ConfirmTimeout bounds the wait for the confirms of one batch. The rows
