@@ -65,11 +65,12 @@ func TestSoakOrderedCluster(t *testing.T) {
 func TestClusterUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
+	lockServices(t, "cluster")
 	c := newCluster()
 	if err := c.teardown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := errors.Join(c.upRabbit(ctx), c.upPostgres(ctx)); err != nil {
+	if err := errors.Join(c.upRabbit(ctx), c.pg.up(ctx)); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("IDEMQ_AMQP_URL=%s\nIDEMQ_POSTGRES_URL=%s\n", strings.Join(c.amqpURLs(), ","), c.pgURL())
@@ -79,6 +80,7 @@ func TestClusterUp(t *testing.T) {
 // after the soak, whatever became of it): the three RabbitMQ nodes and
 // their data, the two Postgres clusters. A no-op when nothing is left.
 func TestClusterDown(t *testing.T) {
+	lockServices(t, "cluster")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := newCluster().teardown(ctx); err != nil {
