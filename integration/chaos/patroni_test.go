@@ -534,8 +534,8 @@ func (p *patroni) failover(ctx context.Context) (string, error) {
 	if next.name != standby.Name {
 		return "", fmt.Errorf("%s was promoted, not the synchronous standby %s (before: %s; after: %s)", next, standby.Name, st, after)
 	}
-	return fmt.Sprintf("leader %s: postmaster killed (SIGKILL); the synchronous standby %s leads and takes writes %.1fs later (timeline %d)",
-		old, next, elected.Seconds(), timelineOf(after, next.name)), nil
+	return fmt.Sprintf("leader %s: postmaster killed (SIGKILL); the synchronous standby %s leads and takes writes %.1fs later",
+		old, next, elected.Seconds()), nil
 }
 
 // killPostmaster ends m's Postgres with SIGKILL and returns when.
