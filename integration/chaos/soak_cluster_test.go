@@ -19,11 +19,12 @@ import (
 // killed (SIGKILL) and Patroni promotes the synchronous standby and brings
 // the old leader back as a replica, and a planned switchover moves the
 // leader, twice each. The workers know every broker address and the three
-// Postgres servers; nothing may be lost or doubled. IDEMQ_CHAOS_MESSAGES changes the size (default
-// 4,000), IDEMQ_CHAOS_SEED replays a run.
+// Postgres servers; nothing may be lost or doubled. IDEMQ_CHAOS_MESSAGES
+// changes the size (default 6,000: at 25 a second, work enough for the ten
+// fault steps of two rounds to meet it), IDEMQ_CHAOS_SEED replays a run.
 func TestSoakCluster(t *testing.T) {
 	runSoak(t, soakOptions{
-		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 4000),
+		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 6000),
 		Workers:      3,
 		Concurrency:  4,
 		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
