@@ -41,12 +41,14 @@ func TestSoakCluster(t *testing.T) {
 }
 
 // TestSoakOrderedCluster is the ordered soak (ordered_test.go) on the
-// production topology: 60 entities × 30 events over 4 partitions while
-// the node leading partition 0 is lost and brought back, the Patroni leader
-// is killed and a switchover made, twice each; per entity every event takes effect once, in order.
+// production topology: 60 entities × 60 events over 4 partitions (work for
+// about four minutes, so that the twelve fault steps meet it) while the
+// node leading partition 0 is lost and brought back, the Patroni leader is
+// killed and a switchover made, and the active worker of a partition is
+// killed, twice each; per entity every event takes effect once, in order.
 func TestSoakOrderedCluster(t *testing.T) {
 	runSoak(t, soakOptions{
-		Ordered:      &orderedShape{Keys: intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 60), Events: intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 30), Partitions: 4},
+		Ordered:      &orderedShape{Keys: intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 60), Events: intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 60), Partitions: 4},
 		Workers:      3,
 		Concurrency:  4,
 		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
