@@ -112,18 +112,18 @@ scale: up ## Retention at size: load 10 M keys (SCALE_KEYS), run a worker while 
 chaos: up ## Long soaks (build tag chaos): 50,000 messages under faults, then 200 entities × 50 ordered events; IDEMQ_CHAOS_MESSAGES=N to change
 	$(GO) test -race -count=1 -timeout 60m -tags chaos -v $(TESTFLAGS) ./integration/chaos/...
 
-# make cluster: the soak on a three-node RabbitMQ cluster and a Postgres
-# primary with a synchronous standby, made on this machine for the run and
-# removed after it, also when it fails or is interrupted (docs/operations.md,
-# Production topology).
-cluster: ## Soak on the production topology (3 RabbitMQ nodes, Postgres + sync standby) with node and primary failovers, unordered and ordered; creates and removes it (under 35 min)
+# make cluster: the soak on a three-node RabbitMQ cluster and three Postgres
+# members under Patroni (synchronous mode, one etcd), made on this machine for
+# the run and removed after it, also when it fails or is interrupted
+# (docs/operations.md, Production topology and Production Postgres).
+cluster: ## Soak on the production topology (3 RabbitMQ nodes, 3 Postgres members under Patroni + etcd) with node losses, leader kills and switchovers, unordered and ordered; creates and removes it (under 35 min)
 	@trap '$(MAKE) cluster-down' EXIT; \
 	$(GO) test -race -count=1 -timeout 34m -tags cluster -run '^(TestFailoverLosesOnlyAsynchronousReservations|TestSoakCluster|TestSoakOrderedCluster)$$' -v $(TESTFLAGS) ./integration/chaos/
 
 cluster-up: ## Create the topology of make cluster and leave it running; prints IDEMQ_AMQP_URL and IDEMQ_POSTGRES_URL for it
 	@$(GO) test -count=1 -tags cluster -run '^TestClusterUp$$' -v ./integration/chaos/ | grep '^IDEMQ_'
 
-cluster-down: ## Remove what make cluster left: nodes idemq-c1..c3@localhost and Postgres clusters 15/idemqpga, 15/idemqpgb
+cluster-down: ## Remove what make cluster left: nodes idemq-c1..c3@localhost, Patroni, its Postgres and etcd under /var/lib/postgresql/idemq-patroni
 	@$(GO) test -count=1 -tags cluster -run '^TestClusterDown$$' ./integration/chaos/
 
 # Fuzz targets as package:Target; make fuzz runs each for FUZZTIME. Their seed

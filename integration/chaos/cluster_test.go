@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The production topology on one machine (make cluster, TestSoakCluster):
@@ -26,27 +24,24 @@ import (
 //     rabbitmq user's Erlang cookie, joined with rabbitmqctl stop_app,
 //     join_cluster idemq-c1@localhost, start_app. Quorum queues declared
 //     while the three run get a member on each.
-//   - Postgres: cluster "15 idemqpga" on 127.0.0.1:5452, the primary, and
-//     "15 idemqpgb" on 5453, a streaming standby made with pg_basebackup -R;
-//     the primary has synchronous_standby_names = '*' (the one standby is
-//     synchronous) and synchronous_commit = on, in a conf.d file of its own,
-//     so that pg_basebackup does not copy it to the standby. Clients name
-//     both servers with target_session_attrs=read-write.
+//   - Postgres: three members pg1, pg2, pg3 under Patroni, on
+//     127.0.0.1:5452-5454 (REST API on 8452-8454), with one etcd on
+//     127.0.0.1:23790 (peers 23800), in synchronous mode: a leader, a
+//     synchronous standby that Patroni promotes when the leader is lost,
+//     and an asynchronous replica; everything under
+//     /var/lib/postgresql/idemq-patroni, run as the postgres user (see
+//     patroni_test.go). Clients name the three servers in one URL with
+//     target_session_attrs=read-write.
 //
 // Everything is created from nothing at the start of a run (what an earlier,
 // killed, run left is torn down first) and torn down at the end: nodes
-// stopped, their data removed, the Postgres clusters dropped.
-// IDEMQ_CHAOS_KEEP_CLUSTER=1 leaves them running after the run.
+// stopped, their data removed; Patroni, its Postgres servers and etcd
+// stopped, their directory removed. IDEMQ_CHAOS_KEEP_CLUSTER=1 leaves them
+// running after the run.
 const (
-	clusterNodes     = 3
-	clusterAMQPBase  = 5700 // node i listens on clusterAMQPBase+i
-	clusterDistBase  = 25700
-	clusterPGVersion = "15"
-	clusterPGPrimary = 5452
-	clusterPGStandby = 5453
-	// syncConfName is the file, in a Postgres cluster's conf.d, that makes
-	// it wait for its standby.
-	syncConfName = "idemq-sync.conf"
+	clusterNodes    = 3
+	clusterAMQPBase = 5700 // node i listens on clusterAMQPBase+i
+	clusterDistBase = 25700
 )
 
 // cluster is the topology of cluster mode and the state the faults leave
@@ -55,21 +50,14 @@ type cluster struct {
 	nodes []*rabbitNode
 	// down marks the nodes a fault stopped.
 	down map[int]bool
-	pg   [2]*pgCluster
-	// primary indexes pg: the server that takes writes now.
-	primary int
+	pg   *patroni
 }
 
 func newCluster() *cluster {
-	c := &cluster{down: map[int]bool{}}
+	c := &cluster{down: map[int]bool{}, pg: newPatroni()}
 	for i := 1; i <= clusterNodes; i++ {
 		c.nodes = append(c.nodes, newPrivateNode(fmt.Sprintf("idemq-c%d@localhost", i),
 			clusterAMQPBase+i, clusterDistBase+i, fmt.Sprintf("/var/lib/rabbitmq/idemq-c%d", i)))
-	}
-	for i, port := range []int{clusterPGPrimary, clusterPGStandby} {
-		p := &pgCluster{version: clusterPGVersion, name: "idemqpg" + string(rune('a'+i)), port: port}
-		p.url = p.localURL()
-		c.pg[i] = p
 	}
 	return c
 }
@@ -83,12 +71,9 @@ func (c *cluster) amqpURLs() []string {
 	return out
 }
 
-// pgURL names both Postgres servers; pgx connects to the one that takes
-// writes.
-func (c *cluster) pgURL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
-		clusterPGPrimary, clusterPGStandby)
-}
+// pgURL names the three Postgres servers; pgx connects to the one that
+// takes writes, Patroni's leader.
+func (c *cluster) pgURL() string { return c.pg.url() }
 
 // newClusterServices creates the cluster topology for t and tears it down
 // when t ends.
@@ -99,9 +84,9 @@ func newClusterServices(t *testing.T) *services {
 		pgHostPort: "cluster", amqpHostPort: "cluster"}
 }
 
-// setUpCluster creates the Postgres primary and standby, and the RabbitMQ
-// nodes when rabbit is set, for t, removing first what an earlier run left,
-// and tears them down when t ends.
+// setUpCluster creates the Patroni cluster, and the RabbitMQ nodes when
+// rabbit is set, for t, removing first what an earlier run left, and tears
+// them down when t ends. The logs of etcd and Patroni are kept when t fails.
 func setUpCluster(t *testing.T, rabbit bool) *cluster {
 	t.Helper()
 	c := newCluster()
@@ -111,6 +96,10 @@ func setUpCluster(t *testing.T, rabbit bool) *cluster {
 		if keep {
 			t.Logf("cluster: left running (IDEMQ_CHAOS_KEEP_CLUSTER); make cluster-down removes it")
 			return
+		}
+		if t.Failed() {
+			dir, err := c.pg.keepLogs()
+			t.Logf("cluster: logs of etcd and Patroni kept in %s (%v)", dir, err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -129,15 +118,18 @@ func setUpCluster(t *testing.T, rabbit bool) *cluster {
 			t.Fatalf("cluster: %v", err)
 		}
 	}
-	if err := c.upPostgres(ctx); err != nil {
+	if err := c.pg.up(ctx); err != nil {
 		t.Fatalf("cluster: %v", err)
 	}
 	what := ""
 	if rabbit {
 		what = fmt.Sprintf("%d RabbitMQ nodes joined (%s), ", clusterNodes, strings.Join(c.nodeNames(), ", "))
 	}
-	t.Logf("cluster: %sPostgres %s primary on %d with synchronous standby %s on %d, in %.1fs",
-		what, c.pg[0], c.pg[0].port, c.pg[1], c.pg[1].port, time.Since(t0).Seconds())
+	st, err := c.pg.state(ctx)
+	if err != nil {
+		t.Fatalf("cluster: %v", err)
+	}
+	t.Logf("cluster: %sPostgres under Patroni (%s), in %.1fs", what, st, time.Since(t0).Seconds())
 	return c
 }
 
@@ -186,25 +178,9 @@ func (c *cluster) upRabbit(ctx context.Context) error {
 	return nil
 }
 
-// upPostgres creates the Postgres primary and its synchronous standby.
-func (c *cluster) upPostgres(ctx context.Context) error {
-	primary := c.pg[0]
-	for _, p := range c.pg {
-		if err := p.create(ctx, "--auth=trust"); err != nil {
-			return fmt.Errorf("create Postgres %s: %w", p, err)
-		}
-	}
-	if err := primary.start(ctx); err != nil {
-		return err
-	}
-	c.primary = 0
-	_, err := c.rebuildStandby(ctx)
-	return err
-}
-
-// teardown stops the nodes and removes their data, and drops the Postgres
-// clusters: the machine as it was before the run. It is a no-op when none
-// exists.
+// teardown stops the nodes and removes their data, and removes the
+// Patroni cluster: the machine as it was before the run. It is a no-op when
+// none exists.
 func (c *cluster) teardown(ctx context.Context) error {
 	var errs []error
 	for _, n := range c.nodes {
@@ -224,23 +200,8 @@ func (c *cluster) teardown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, p := range c.pg {
-		ok, err := p.exists(ctx)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if ok {
-			if _, err := run(ctx, nil, "pg_dropcluster", "--stop", p.version, p.name); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		// pg_dropcluster leaves the configuration directory when it holds a
-		// file of its own making: the synchronous standby's conf.d file.
-		if err := os.RemoveAll(filepath.Dir(filepath.Dir(p.syncConf()))); err != nil {
-			errs = append(errs, err)
-		}
+	if err := c.pg.teardown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("remove the Patroni cluster: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -387,113 +348,3 @@ func (n *rabbitNode) kill() error {
 
 // nodeName is a node's name without @localhost.
 func nodeName(node string) string { return strings.TrimSuffix(node, "@localhost") }
-
-// ---------------------------------------------------------------- Postgres
-
-func (p *pgCluster) dataDir() string {
-	return filepath.Join("/var/lib/postgresql", p.version, p.name)
-}
-
-func (p *pgCluster) syncConf() string {
-	return filepath.Join("/etc/postgresql", p.version, p.name, "conf.d", syncConfName)
-}
-
-// query runs one statement on p alone (not through the multi-host URL).
-func (p *pgCluster) query(ctx context.Context, sql string, dest ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, p.url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return conn.QueryRow(ctx, sql).Scan(dest...)
-}
-
-// failover stops the primary with -m immediate (a crash: what it had not
-// sent its standby is gone), waits detect (the time a watchdog takes to
-// notice), promotes the standby and waits until it takes writes.
-func (c *cluster) failover(ctx context.Context, detect time.Duration) (string, error) {
-	old, next := c.pg[c.primary], c.pg[1-c.primary]
-	if err := old.ctl(ctx, "stop", "-m", "immediate"); err != nil {
-		return "", fmt.Errorf("stop the primary %s: %w", old, err)
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(detect):
-	}
-	t0 := time.Now()
-	if err := next.ctl(context.WithoutCancel(ctx), "promote"); err != nil {
-		return "", fmt.Errorf("promote %s: %w", next, err)
-	}
-	err := waitUntil(context.WithoutCancel(ctx), time.Minute, func() bool {
-		var writable bool
-		return next.query(ctx, "SELECT NOT pg_is_in_recovery()", &writable) == nil && writable
-	})
-	if err != nil {
-		return "", fmt.Errorf("%s promoted but does not take writes: %w", next, err)
-	}
-	c.primary = 1 - c.primary
-	return fmt.Sprintf("primary %s stopped -m immediate, standby %s promoted %.1fs later (takes writes in %.1fs; no synchronous standby until it is re-created)",
-		old, next, detect.Seconds(), time.Since(t0).Seconds()), nil
-}
-
-// rebuildStandby makes the server that is not the primary a streaming
-// standby of it again, from a fresh pg_basebackup over its data directory,
-// then makes the primary wait for it (synchronous_standby_names).
-func (c *cluster) rebuildStandby(ctx context.Context) (string, error) {
-	src, dst := c.pg[c.primary], c.pg[1-c.primary]
-	t0 := time.Now()
-	_ = dst.ctl(ctx, "stop", "-m", "immediate") // down already after a failover
-	if err := os.Remove(dst.syncConf()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	// pg_basebackup fills an empty directory; the parent belongs to root.
-	if err := os.RemoveAll(dst.dataDir()); err != nil {
-		return "", err
-	}
-	if err := os.Mkdir(dst.dataDir(), 0o700); err != nil {
-		return "", err
-	}
-	if _, err := run(ctx, nil, "chown", "postgres:postgres", dst.dataDir()); err != nil {
-		return "", err
-	}
-	basebackup := filepath.Join("/usr/lib/postgresql", dst.version, "bin", "pg_basebackup")
-	if _, err := run(ctx, nil, "runuser", "-u", "postgres", "--", basebackup,
-		"-h", "127.0.0.1", "-p", strconv.Itoa(src.port), "-U", "postgres", "-D", dst.dataDir(),
-		"-R", "-X", "stream", "-c", "fast"); err != nil {
-		return "", fmt.Errorf("pg_basebackup of %s onto %s: %w", src, dst, err)
-	}
-	copied := time.Since(t0)
-	if err := dst.start(ctx); err != nil {
-		return "", err
-	}
-	err := waitUntil(ctx, time.Minute, func() bool {
-		var n int
-		return src.query(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'", &n) == nil && n > 0
-	})
-	if err != nil {
-		return "", fmt.Errorf("standby %s does not stream from %s: %w", dst, src, err)
-	}
-	streaming := time.Since(t0)
-	// The primary waits for its standby only now that one streams: with
-	// synchronous_standby_names set and no standby, every commit would
-	// wait (see docs/operations.md, Production topology).
-	conf := "# Written by the idemq cluster soak: commits wait for the standby's flush.\nsynchronous_standby_names = '*'\nsynchronous_commit = on\n"
-	if err := os.WriteFile(src.syncConf(), []byte(conf), 0o644); err != nil {
-		return "", err
-	}
-	var reloaded bool
-	if err := src.query(ctx, "SELECT pg_reload_conf()", &reloaded); err != nil {
-		return "", fmt.Errorf("reload %s: %w", src, err)
-	}
-	err = waitUntil(ctx, time.Minute, func() bool {
-		var n int
-		return src.query(ctx, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'", &n) == nil && n > 0
-	})
-	if err != nil {
-		return "", fmt.Errorf("standby %s is not synchronous: %w", dst, err)
-	}
-	return fmt.Sprintf("%s re-created from %s (pg_basebackup %.1fs), streaming after %.1fs, synchronous after %.1fs",
-		dst, src, copied.Seconds(), streaming.Seconds(), time.Since(t0).Seconds()), nil
-}

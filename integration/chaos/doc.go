@@ -100,19 +100,23 @@
 //
 // TestSoakCluster (build tag cluster, make cluster) runs the same plan,
 // workers and checks on the production topology, created for the run and
-// removed after it (cluster_test.go): three RabbitMQ nodes
+// removed after it (cluster_test.go, patroni_test.go): three RabbitMQ nodes
 // idemq-c1..c3@localhost on 127.0.0.1:5701-5703, joined into one cluster,
-// every queue a quorum queue with a member on each; a Postgres primary "15
-// idemqpga" on 5452 with a synchronous streaming standby "15 idemqpgb" on
-// 5453. The workers get the three AMQP URLs and the multi-host Postgres URL
-// with target_session_attrs=read-write, no toxiproxy. Its faults: the node
-// leading the work queue stopped (stop_app, then its VM killed) and started
-// again later, twice; the Postgres primary stopped -m immediate, the standby
-// promoted, and a new standby made from it with pg_basebackup, twice.
-// TestFailoverLosesOnlyAsynchronousReservations shows on the same Postgres
-// pair that a failover loses only reservations (synchronous_commit = off),
-// and that their holders' completions are fenced. TestClusterDown removes
-// what a killed run left (make cluster-down).
+// every queue a quorum queue with a member on each; three Postgres members
+// pg1..pg3 under Patroni on 5452-5454 (REST API 8452-8454) in synchronous
+// mode, with one etcd on 23790, all under /var/lib/postgresql/idemq-patroni
+// and run as the postgres user. The workers get the three AMQP URLs and the
+// multi-host Postgres URL with target_session_attrs=read-write, no
+// toxiproxy. Its faults: the node leading the work queue stopped (stop_app,
+// then its VM killed) and started again later; the Patroni leader's
+// postmaster killed (SIGKILL), Patroni promoting the synchronous standby,
+// and later the old leader seen back as a replica (rewound by Patroni, or
+// patronictl reinit); a planned patronictl switchover; twice each.
+// TestFailoverLosesOnlyAsynchronousReservations shows on the same Patroni
+// cluster that a failover loses only reservations (synchronous_commit =
+// off), that their holders' completions are fenced, and that the old leader
+// comes back as a replica without them. TestClusterDown removes what a
+// killed run left (make cluster-down).
 //
 // toxiproxy-server is built once by toxiproxy/build.sh, from a module of
 // its own, into ~/.cache/idemq; IDEMQ_CHAOS_TOXIPROXY names a prebuilt one.

@@ -31,8 +31,9 @@ const (
 	// by the step that restores redundancy.
 	faultRabbitLeaderDown = "rabbit_leader_down"
 	faultRabbitNodeBack   = "rabbit_node_back"
-	faultPGFailover       = "pg_failover"
-	faultPGStandby        = "pg_standby_rebuilt"
+	faultPGFailover       = "pg_leader_sigkill"
+	faultPGRejoin         = "pg_leader_rejoined"
+	faultPGSwitchover     = "pg_switchover"
 	proxyPostgres         = "postgres"
 	proxyRabbitMQ         = "rabbitmq"
 	maxFaultHoldSeconds   = 8
@@ -45,14 +46,14 @@ var faultKinds = []string{
 }
 
 // clusterFaultKinds are the faults drawn on the cluster topology.
-var clusterFaultKinds = []string{faultRabbitLeaderDown, faultPGFailover}
+var clusterFaultKinds = []string{faultRabbitLeaderDown, faultPGFailover, faultPGSwitchover}
 
 // followUps are the steps that come after a fault, once it was held a
-// while: the node brought back, the standby re-created. Each is recorded
-// (with its recovery time) as a fault of its own kind.
+// while: the node brought back, the old Postgres leader a replica again.
+// Each is recorded (with its recovery time) as a fault of its own kind.
 var followUps = map[string]string{
 	faultRabbitLeaderDown: faultRabbitNodeBack,
-	faultPGFailover:       faultPGStandby,
+	faultPGFailover:       faultPGRejoin,
 }
 
 // drawn are the fault kinds the run draws from.
@@ -130,7 +131,7 @@ func (s *soak) injectFaults(ctx context.Context) (stalled bool) {
 		}
 		s.inject(ctx, kind)
 		if next := followUps[kind]; next != "" {
-			// The work goes on without the node or the standby meanwhile.
+			// The work goes on without the node or the old leader meanwhile.
 			s.pause(ctx, s.hold(s.o.FaultGap[0].Seconds(), s.o.FaultGap[1].Seconds()))
 			s.inject(context.WithoutCancel(ctx), next)
 		}
@@ -274,10 +275,13 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 		return s.svc.cluster.nodeBack(restoreCtx, s.insp.work[0])
 
 	case faultPGFailover:
-		return s.svc.cluster.failover(restoreCtx, s.hold(1, 3))
+		return s.svc.cluster.pg.failover(restoreCtx)
 
-	case faultPGStandby:
-		return s.svc.cluster.rebuildStandby(restoreCtx)
+	case faultPGRejoin:
+		return s.svc.cluster.pg.rejoin(restoreCtx)
+
+	case faultPGSwitchover:
+		return s.svc.cluster.pg.switchover(restoreCtx)
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
 }

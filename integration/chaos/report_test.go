@@ -98,9 +98,9 @@ func (s *soak) newReport() *report {
 		DLQByReason: map[string]int{}, Outcomes: map[string]int64{}, Kinds: s.o.kinds(),
 	}
 	if s.o.Cluster {
-		r.Topology = fmt.Sprintf("RabbitMQ %d nodes (%s), quorum queues with a member on each; Postgres primary + synchronous standby (%s, %s), workers on %s",
-			clusterNodes, strings.Join(s.svc.cluster.nodeNames(), ", "), s.svc.cluster.pg[0], s.svc.cluster.pg[1],
-			"all three AMQP URLs and target_session_attrs=read-write")
+		r.Topology = fmt.Sprintf("RabbitMQ %d nodes (%s), quorum queues with a member on each; Postgres %d members under Patroni (%s), synchronous_mode, etcd; workers on %s",
+			clusterNodes, strings.Join(s.svc.cluster.nodeNames(), ", "), patroniMembers, strings.Join(s.svc.cluster.pg.names(), ", "),
+			"all three AMQP URLs and the three Postgres hosts with target_session_attrs=read-write")
 	}
 	fail := func(format string, args ...any) { r.Failures = append(r.Failures, fmt.Sprintf(format, args...)) }
 	s.mu.Lock()

@@ -51,12 +51,12 @@ const (
 )
 
 // services are the Postgres cluster and RabbitMQ node the soak runs on and
-// breaks (or, in cluster mode, a three-node RabbitMQ cluster and a Postgres
-// primary with a synchronous standby: see cluster_test.go).
+// breaks (or, in cluster mode, a three-node RabbitMQ cluster and three
+// Postgres members under Patroni: see cluster_test.go).
 type services struct {
 	mode string
 	// pgURL and amqpURL reach the services directly (the workers go through
-	// toxiproxy instead). In cluster mode pgURL names both Postgres servers
+	// toxiproxy instead). In cluster mode pgURL names the three Postgres servers
 	// (target_session_attrs=read-write) and amqpURL the first node.
 	pgURL, amqpURL string
 	// amqpURLs are the broker addresses a client may dial, in order.

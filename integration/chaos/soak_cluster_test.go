@@ -12,17 +12,19 @@ import (
 )
 
 // TestSoakCluster is the soak on the production topology (make cluster):
-// the soak's plan and workers against a three-node RabbitMQ cluster and a
-// Postgres primary with a synchronous standby, while the node that leads
-// the work queue is stopped (stop_app, then its VM killed) and brought back
-// later, then another one, and the Postgres primary is stopped -m
-// immediate, the standby promoted and a new standby made from it. The
-// workers know every broker address and both Postgres servers; nothing may
-// be lost or doubled. IDEMQ_CHAOS_MESSAGES changes the size (default
-// 4,000), IDEMQ_CHAOS_SEED replays a run.
+// the soak's plan and workers against a three-node RabbitMQ cluster and
+// three Postgres members under Patroni in synchronous mode, while the node
+// that leads the work queue is stopped (stop_app, then its VM killed) and
+// brought back later, then another one, the Patroni leader's postmaster is
+// killed (SIGKILL) and Patroni promotes the synchronous standby and brings
+// the old leader back as a replica, and a planned switchover moves the
+// leader, twice each. The workers know every broker address and the three
+// Postgres servers; nothing may be lost or doubled. IDEMQ_CHAOS_MESSAGES
+// changes the size (default 6,000: at 25 a second, work enough for the ten
+// fault steps of two rounds to meet it), IDEMQ_CHAOS_SEED replays a run.
 func TestSoakCluster(t *testing.T) {
 	runSoak(t, soakOptions{
-		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 4000),
+		Messages:     intEnv(t, "IDEMQ_CHAOS_MESSAGES", 6000),
 		Workers:      3,
 		Concurrency:  4,
 		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
@@ -39,12 +41,14 @@ func TestSoakCluster(t *testing.T) {
 }
 
 // TestSoakOrderedCluster is the ordered soak (ordered_test.go) on the
-// production topology: 60 entities × 30 events over 4 partitions while
-// the node leading partition 0 is lost and brought back and Postgres fails
-// over, twice each; per entity every event takes effect once, in order.
+// production topology: 60 entities × 60 events over 4 partitions (work for
+// about four minutes, so that the twelve fault steps meet it) while the
+// node leading partition 0 is lost and brought back, the Patroni leader is
+// killed and a switchover made, and the active worker of a partition is
+// killed, twice each; per entity every event takes effect once, in order.
 func TestSoakOrderedCluster(t *testing.T) {
 	runSoak(t, soakOptions{
-		Ordered:      &orderedShape{Keys: intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 60), Events: intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 30), Partitions: 4},
+		Ordered:      &orderedShape{Keys: intEnv(t, "IDEMQ_CHAOS_ORDERED_KEYS", 60), Events: intEnv(t, "IDEMQ_CHAOS_ORDERED_EVENTS", 60), Partitions: 4},
 		Workers:      3,
 		Concurrency:  4,
 		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
@@ -65,11 +69,12 @@ func TestSoakOrderedCluster(t *testing.T) {
 func TestClusterUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
+	lockServices(t, "cluster")
 	c := newCluster()
 	if err := c.teardown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := errors.Join(c.upRabbit(ctx), c.upPostgres(ctx)); err != nil {
+	if err := errors.Join(c.upRabbit(ctx), c.pg.up(ctx)); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("IDEMQ_AMQP_URL=%s\nIDEMQ_POSTGRES_URL=%s\n", strings.Join(c.amqpURLs(), ","), c.pgURL())
@@ -77,8 +82,10 @@ func TestClusterUp(t *testing.T) {
 
 // TestClusterDown removes what a cluster soak left (make cluster runs it
 // after the soak, whatever became of it): the three RabbitMQ nodes and
-// their data, the two Postgres clusters. A no-op when nothing is left.
+// their data, Patroni, its Postgres servers and etcd with their directory.
+// A no-op when nothing is left.
 func TestClusterDown(t *testing.T) {
+	lockServices(t, "cluster")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := newCluster().teardown(ctx); err != nil {

@@ -45,8 +45,8 @@ type soakOptions struct {
 	// keys are taken over.
 	LeaseMS int
 	// Cluster runs the soak on the production topology (cluster_test.go):
-	// three RabbitMQ nodes and a Postgres primary with a synchronous
-	// standby, reached directly, no toxiproxy. The workers get every
+	// three RabbitMQ nodes and three Postgres members under Patroni,
+	// reached directly, no toxiproxy. The workers get every
 	// broker address and the multi-host Postgres URL.
 	Cluster bool
 	// Kinds are the fault kinds drawn (nil: faultKinds); with EveryKind
