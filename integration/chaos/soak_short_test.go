@@ -56,11 +56,13 @@ func TestSoakOrderedShort(t *testing.T) {
 // the network toxics on the link through PgBouncer only.
 func TestSoakShortThroughPgBouncer(t *testing.T) {
 	runSoak(t, soakOptions{
-		Messages:     intEnv(t, "IDEMQ_CHAOS_PGBOUNCER_MESSAGES", 1500),
-		Workers:      3,
-		Concurrency:  4,
-		Seed:         uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
-		PublishRate:  35,
+		Messages:    intEnv(t, "IDEMQ_CHAOS_PGBOUNCER_MESSAGES", 1500),
+		Workers:     3,
+		Concurrency: 4,
+		Seed:        uint64(intEnv(t, "IDEMQ_CHAOS_SEED", 0)),
+		// Slow enough that the publishing lasts as long as the nine
+		// faults (about a minute): each one meets work.
+		PublishRate:  25,
 		FaultGap:     [2]time.Duration{time.Second, 3 * time.Second},
 		EveryKind:    true,
 		Kinds:        pgBouncerFaultKinds,
