@@ -80,6 +80,12 @@
 // (-chaos.messages or IDEMQ_CHAOS_MESSAGES) through four workers and injects
 // faults until every message has settled. IDEMQ_CHAOS_SEED replays a plan
 // and a fault sequence; IDEMQ_CHAOS_REPORT names a file for the report.
+// TestSoakShortThroughPgBouncer, also in every go test ./..., runs 1,500
+// messages with the workers' Postgres traffic through toxiproxy and a
+// PgBouncer in transaction pooling mode that the soak starts itself on
+// 127.0.0.1:6442 (pgbouncer_test.go), the relays LISTENing on a direct
+// connection, and injects once each fault on the way to Postgres, PgBouncer's
+// own SIGKILL and restart and Postgres's restarts among them.
 //
 // # Services
 //
@@ -89,8 +95,8 @@
 // down and stopped again at the end of the test process that started them:
 // a Postgres cluster "15 idemqchaos" on 127.0.0.1:5442 (pg_createcluster)
 // and a RabbitMQ node idemq-chaos@localhost on 127.0.0.1:5682 (data under
-// /var/lib/rabbitmq/idemq-chaos). It needs the Debian postgresql and
-// rabbitmq-server packages, and root (or the postgres and rabbitmq users'
+// /var/lib/rabbitmq/idemq-chaos). It needs the Debian postgresql,
+// rabbitmq-server and pgbouncer packages, and root (or the postgres and rabbitmq users'
 // rights). IDEMQ_CHAOS_SERVICES=shared runs the faults against the services
 // of IDEMQ_TEST_POSTGRES_URL and IDEMQ_TEST_AMQP_URL instead (cluster
 // IDEMQ_CHAOS_PG_CLUSTER, default "15 main"; node IDEMQ_CHAOS_RABBIT_NODE),

@@ -232,7 +232,11 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 		return fmt.Sprintf("pg_ctlcluster stop -m immediate, start %.1fs later (up in %.1fs)", down.Seconds(), time.Since(t0).Seconds()), err
 
 	case faultNetLatency, faultNetBlackhole, faultNetResetPeer:
-		proxy := []string{proxyPostgres, proxyRabbitMQ}[s.rng.IntN(2)]
+		proxies := s.o.NetProxies
+		if proxies == nil {
+			proxies = []string{proxyPostgres, proxyRabbitMQ}
+		}
+		proxy := proxies[s.rng.IntN(len(proxies))]
 		stream := []string{"upstream", "downstream"}[s.rng.IntN(2)]
 		tx := toxic{Name: fmt.Sprintf("chaos-%d", time.Now().UnixNano()), Stream: stream, Toxicity: 1}
 		var hold time.Duration
@@ -261,6 +265,19 @@ func (s *soak) fault(ctx context.Context, kind string) (string, error) {
 			err = fmt.Errorf("%w (remove all: %v)", err, s.tp.removeAllToxics())
 		}
 		return fmt.Sprintf("%s on %s %s for %.1fs", what, proxy, stream, hold.Seconds()), err
+
+	case faultPgBouncerRestart:
+		if s.bouncer == nil {
+			return "", fmt.Errorf("%s: the soak runs no PgBouncer", kind)
+		}
+		down := s.hold(0.5, 2)
+		if err := s.bouncer.kill(); err != nil {
+			return "", err
+		}
+		s.pause(ctx, down)
+		t0 := time.Now()
+		err := s.bouncer.start(restoreCtx)
+		return fmt.Sprintf("PgBouncer SIGKILLed, started again %.1fs later (answers in %.1fs)", down.Seconds(), time.Since(t0).Seconds()), err
 
 	case faultDeleteTier:
 		return s.deleteTier(ctx)

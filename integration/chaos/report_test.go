@@ -69,7 +69,8 @@ type report struct {
 	// Kinds are the fault kinds of the run, Faults what was injected.
 	Kinds  []string
 	Faults []faultRecord
-	// Topology describes the cluster of a cluster run ("" otherwise).
+	// Topology describes the cluster of a cluster run, or the way through
+	// PgBouncer ("" otherwise).
 	Topology string
 	// Ordered is what an ordered soak found (nil for the others).
 	Ordered *orderedFindings
@@ -101,6 +102,10 @@ func (s *soak) newReport() *report {
 		r.Topology = fmt.Sprintf("RabbitMQ %d nodes (%s), quorum queues with a member on each; Postgres %d members under Patroni (%s), synchronous_mode, etcd; workers on %s",
 			clusterNodes, strings.Join(s.svc.cluster.nodeNames(), ", "), patroniMembers, strings.Join(s.svc.cluster.pg.names(), ", "),
 			"all three AMQP URLs and the three Postgres hosts with target_session_attrs=read-write")
+	}
+	if s.o.PgBouncer {
+		r.Topology = fmt.Sprintf("workers → toxiproxy → PgBouncer (transaction pooling, %s) → Postgres %s; relays LISTEN on direct connections",
+			s.bouncer.addr(), s.svc.pg)
 	}
 	fail := func(format string, args ...any) { r.Failures = append(r.Failures, fmt.Sprintf(format, args...)) }
 	s.mu.Lock()

@@ -57,6 +57,14 @@ type soakOptions struct {
 	// events must take effect once each and in order, published to a
 	// partitioned queue, consumed with ordering on. Messages is unused then.
 	Ordered *orderedShape
+	// PgBouncer puts a PgBouncer in transaction pooling mode, which the
+	// soak runs itself (pgbouncer_test.go), between toxiproxy and Postgres
+	// on the workers' way to the database; their relays LISTEN on a direct
+	// connection. Not with Cluster.
+	PgBouncer bool
+	// NetProxies are the proxies the network toxics are drawn among (nil:
+	// both, Postgres and RabbitMQ).
+	NetProxies []string
 }
 
 // consumerName is the scope of the soak's keys.
@@ -68,6 +76,7 @@ type soak struct {
 	o       soakOptions
 	svc     *services
 	tp      *toxiproxy
+	bouncer *pgBouncer // nil unless o.PgBouncer
 	rng     *rand.Rand
 	runID   string
 	logDir  string
@@ -244,9 +253,26 @@ func (s *soak) setup() (frameMax int) {
 	// The workers reach the single-node services through toxiproxy, and
 	// a cluster directly: all its addresses, to follow it when a node goes.
 	workerPG, workerAMQP := s.svc.pgURL, strings.Join(s.svc.amqpURLs, ",")
+	var listenURL string
 	if !s.o.Cluster {
 		s.tp = startToxiproxy(t, dir)
-		workerPG = withHostPort(s.svc.pgURL, s.tp.proxy(t, "postgres", s.svc.pgHostPort))
+		pgUpstream := s.svc.pgHostPort
+		if s.o.PgBouncer {
+			// toxiproxy in front of PgBouncer: see pgbouncer_test.go.
+			s.bouncer = startPgBouncer(t, s.svc.pgHostPort, dir)
+			pgUpstream = s.bouncer.addr()
+		}
+		workerPG = withHostPort(s.svc.pgURL, s.tp.proxy(t, "postgres", pgUpstream))
+		if s.o.PgBouncer {
+			// PgBouncer 1.18 keeps no named prepared statement in
+			// transaction mode (docs/operations.md, "PgBouncer"). The
+			// relays LISTEN straight to Postgres, as idemq's
+			// --postgres-direct-url has them do, rather than poll: the
+			// probe each LISTEN connection sends through the pool must
+			// reach them there (scanLogs fails a run where one did not).
+			workerPG = withQuery(workerPG, "default_query_exec_mode", "cache_describe")
+			listenURL = s.svc.pgURL
+		}
 		workerAMQP = withHostPort(s.svc.amqpURL, s.tp.proxy(t, "rabbitmq", s.svc.amqpHostPort))
 		t.Cleanup(func() {
 			if err := s.tp.removeAllToxics(); err != nil {
@@ -309,6 +335,7 @@ CREATE TABLE `+sch+`.stats (
 	s.workerT = workerConfig{
 		Name:        consumerName,
 		PostgresURL: workerPG,
+		ListenURL:   listenURL,
 		AMQPURL:     workerAMQP,
 		StatsURL:    s.svc.pgURL,
 		Schema:      s.schema,
@@ -665,6 +692,9 @@ func (s *soak) scanLogs() []string {
 			if strings.Contains(text, bad) {
 				out = append(out, fmt.Sprintf("%s in %s", strings.TrimSuffix(bad, ":"), filepath.Base(f)))
 			}
+		}
+		if s.workerT.ListenURL != "" && strings.Contains(text, relayDeaf) {
+			out = append(out, fmt.Sprintf("a relay's direct LISTEN connection did not hear its probe sent through the pool, and polled, in %s", filepath.Base(f)))
 		}
 		// The workers are stopped once everything settled: nothing may
 		// still be in flight then, unless a delivery was stuck.

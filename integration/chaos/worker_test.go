@@ -36,6 +36,10 @@ type workerConfig struct {
 	Incarnation int    `json:"incarnation"`
 	Name        string `json:"name"` // the consumer's scope
 	PostgresURL string `json:"postgres_url"`
+	// ListenURL, when set, is where the relay's LISTEN connection goes
+	// (outbox.RelayConfig.ListenConfig): Postgres itself, when
+	// PostgresURL goes through a transaction pooler.
+	ListenURL   string `json:"listen_url,omitempty"`
 	AMQPURL     string `json:"amqp_url"`
 	StatsURL    string `json:"stats_url"`
 	Schema      string `json:"schema"`
@@ -134,7 +138,15 @@ func work(ctx context.Context, wc workerConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var listen *pgx.ConnConfig
+	if wc.ListenURL != "" {
+		if listen, err = pgx.ParseConfig(wc.ListenURL); err != nil {
+			return fmt.Errorf("parse the LISTEN URL: %s", redact.Error(err))
+		}
+		listen.ConnectTimeout = 5 * time.Second
+	}
 	relay, err := outbox.NewRelay(ob, wc.AMQPURL, &outbox.RelayConfig{
+		ListenConfig:   listen,
 		ConnectionName: wc.AppName + "-relay",
 		Logger:         log,
 		PollInterval:   500 * time.Millisecond,
