@@ -61,6 +61,7 @@ max_client_conn = 2000
 default_pool_size = 70
 max_db_connections = 80
 ignore_startup_parameters = extra_float_digits
+server_login_retry = 1
 logfile = $DIR/pgbouncer.log
 pidfile = $DIR/pgbouncer.pid
 admin_users = postgres
