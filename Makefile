@@ -23,9 +23,9 @@ PKGS := ./... ./consumer/idemqotel/... ./cmd/idemq/... ./integration/... ./integ
 # What make test runs a second time through PgBouncer in transaction mode:
 # the consumer (every mode, in the conformance suite), the worker, the key
 # store and the HTTP middleware, migrations, the outbox and its relay, GC,
-# the gateway, the UI and the DLQ tools.
+# the gateway, the UI and the DLQ tools, and the end-to-end suite.
 POOLED_PKGS := ./consumer ./consumer/worker ./dedup/... ./outbox/... ./internal/conformance ./internal/sweep \
-	./cmd/idemq/internal/gateway ./cmd/idemq/internal/ui ./cmd/idemq/internal/dlq
+	./cmd/idemq/internal/gateway ./cmd/idemq/internal/ui ./cmd/idemq/internal/dlq ./integration
 
 .PHONY: help up test lint demo bench scale chaos cluster cluster-up cluster-down fuzz build jaeger tidy screenshots
 
