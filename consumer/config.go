@@ -247,7 +247,8 @@ type Group struct {
 	Size int
 	// Linger is how long a group may wait to fill once its first delivery
 	// is in (while an executor is free); 0 hands over what is waiting,
-	// adding no latency. While every executor is busy, groups fill anyway.
+	// adding no latency. While every executor is busy, groups fill anyway,
+	// and so do a BatchHandler's while two of its groups execute.
 	Linger time.Duration
 	// Optimistic runs a group's handlers without a savepoint each, its
 	// keys reserved in the group's transaction (see

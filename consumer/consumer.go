@@ -68,7 +68,10 @@ type Consumer struct {
 	holder   keyHolder
 	runner   runner
 	isolated isolated
-	cfg      Config
+	// partialLimit is how many groups may execute while a group that is
+	// not full goes to a free executor (0: any number); see collect.
+	partialLimit int
+	cfg          Config
 	// identify reads a delivery's key and payload (KeyFunc or KeyFrom);
 	// traceCarrier wraps its headers for the propagator (KeyFrom: the
 	// framework's own trace headers).
@@ -236,6 +239,9 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 	cons.holder = cons.newKeyHolder()
 	cons.isolated = isolated{c: cons, bare: cons.holder.kept()}
 	cons.runner = cons.newRunner()
+	if bh != nil {
+		cons.partialLimit = batchPartialLimit
+	}
 	cons.notReady(errors.New("not running"))
 	return cons, nil
 }

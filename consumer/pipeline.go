@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -46,11 +47,13 @@ import (
 
 // collect forms groups from in and hands them to out until in closes or
 // stop is closed; then it closes out. A group goes when it is full, or when
-// an executor is free and the group's linger is over (or there is none).
-// While every executor is busy the group keeps filling, so groups grow with
-// the load. Deliveries of a group not yet handed over when it stops are
-// never acked: the broker redelivers them.
-func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out chan<- []*amqp.Delivery) {
+// an executor is free, the group's linger is over (or there is none) and
+// fewer than c.partialLimit groups are executing (none: no limit). While
+// every executor is busy, or while a batch handler's group executes, the
+// group keeps filling, so groups grow with the load. Deliveries of a group
+// not yet handed over when it stops are never acked: the broker
+// redelivers them.
+func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out chan<- []*amqp.Delivery, ex *executing) {
 	defer close(out)
 	size := c.cfg.Group.Size
 	var (
@@ -87,7 +90,7 @@ func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out ch
 			}
 		}
 		var send chan<- []*amqp.Delivery
-		if len(group) >= size || (len(group) > 0 && ready) {
+		if len(group) >= size || (len(group) > 0 && ready && ex.below(c.partialLimit)) {
 			send = out
 		}
 		receive := in
@@ -101,23 +104,61 @@ func (c *Consumer) collect(stop <-chan struct{}, in <-chan amqp.Delivery, out ch
 			}
 			add(d)
 		case send <- group:
+			ex.started()
 			group, ready, linger = nil, false, nil
 			if timer != nil {
 				timer.Stop()
 			}
 		case <-linger:
 			ready, linger = true, nil
+		case <-ex.freed:
+			// a group finished: a waiting group may go now
 		case <-stop:
 			return
 		}
 	}
 }
 
+// batchPartialLimit is how many of a BatchHandler's groups may execute
+// while a group that is not full goes to a free executor: a batch costs
+// about as much for one delivery as for a hundred, so under load the next
+// group fills while one executes (group commit), and a full group still
+// goes to any free executor. With nothing executing a group goes at once,
+// adding no latency when the load is light.
+const batchPartialLimit = 2
+
+// executing counts the groups a session's executors run, for the
+// collector, and tells it when one finishes.
+type executing struct {
+	n     atomic.Int32
+	freed chan struct{} // a group finished; buffered, never blocks
+}
+
+func newExecuting() *executing { return &executing{freed: make(chan struct{}, 1)} }
+
+// started counts a group handed to an executor (by the collector, so that
+// its next look already counts it).
+func (e *executing) started() { e.n.Add(1) }
+
+// finished counts a group done and wakes the collector.
+func (e *executing) finished() {
+	e.n.Add(-1)
+	select {
+	case e.freed <- struct{}{}:
+	default:
+	}
+}
+
+// below reports whether fewer than limit groups execute; a limit of 0 is
+// no limit.
+func (e *executing) below(limit int) bool { return limit <= 0 || int(e.n.Load()) < limit }
+
 // execute runs groups from in until it closes, then returns.
-func (c *Consumer) executeGroups(ctx context.Context, s *session, in <-chan []*amqp.Delivery) {
+func (c *Consumer) executeGroups(ctx context.Context, s *session, in <-chan []*amqp.Delivery, ex *executing) {
 	for group := range in {
 		c.processGroup(ctx, s, group)
 		s.budget.give(bodyBytes(group))
+		ex.finished()
 	}
 }
 
@@ -125,10 +166,11 @@ func (c *Consumer) executeGroups(ctx context.Context, s *session, in <-chan []*a
 // returned channel is closed once every executor has returned.
 func (c *Consumer) runPipeline(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) <-chan struct{} {
 	groups := make(chan []*amqp.Delivery)
-	go c.collect(s.stop, deliveries, groups)
+	ex := newExecuting()
+	go c.collect(s.stop, deliveries, groups, ex)
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
-		wg.Go(func() { c.executeGroups(ctx, s, groups) })
+		wg.Go(func() { c.executeGroups(ctx, s, groups, ex) })
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
