@@ -290,17 +290,45 @@ func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, e
 		if err != nil {
 			return Reservation{}, fmt.Errorf("reserve key: %w", err)
 		}
-		switch {
-		case rec.Fingerprint != c.Fingerprint:
-			return Reservation{Decision: KeyReuse, Record: rec}, nil
-		case rec.State == StateCompleted:
-			return Reservation{Decision: Duplicate, Record: rec}, nil
-		case rec.LeaseValid:
-			return Reservation{Decision: Busy, Record: rec}, nil
+		if r, ok := refusal(rec, c); ok {
+			return r, nil
 		}
 		// The lease expired between the upsert and the read: reserve again.
 	}
 	return Reservation{}, fmt.Errorf("reserve key: no decision after %d rounds", maxReserveRounds)
+}
+
+// refusal is the answer to c of a reservation that finds rec: KeyReuse,
+// Duplicate or Busy; ok false when rec does not refuse it (an expired
+// lease of the same operation, which c may take over).
+func refusal(rec *Record, c Claim) (r Reservation, ok bool) {
+	switch {
+	case rec.Fingerprint != c.Fingerprint:
+		return Reservation{Decision: KeyReuse, Record: rec}, true
+	case rec.State == StateCompleted:
+		return Reservation{Decision: Duplicate, Record: rec}, true
+	case rec.LeaseValid:
+		return Reservation{Decision: Busy, Record: rec}, true
+	}
+	return Reservation{}, false
+}
+
+// Refusal is the answer a reservation of c gets from the key's committed
+// row, without reserving it, for a caller that knows another transaction
+// holds the key: Duplicate or KeyReuse when the row is completed (or names
+// another operation), else Busy. It reads in tx, the caller's transaction.
+func (s *keys) Refusal(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
+	rec, err := s.store().inspect(ctx, tx, c.Scope)
+	if errors.Is(err, ErrNotFound) {
+		return Reservation{Decision: Busy}, nil
+	}
+	if err != nil {
+		return Reservation{}, fmt.Errorf("read key: %w", err)
+	}
+	if r, ok := refusal(rec, c); ok {
+		return r, nil
+	}
+	return Reservation{Decision: Busy, Record: rec}, nil
 }
 
 // Complete marks the key completed with result, inside the caller's

@@ -94,9 +94,19 @@ type Config struct {
 	// StoredHeaders, when set, are the only response headers stored and
 	// replayed. Default: all but DefaultOmittedHeaders.
 	StoredHeaders []string
-	// Lease overrides the store's lease of a reserved key. The middleware
-	// extends it every third of it while the handler runs (the heartbeat),
-	// so it only bounds how long a crashed server's key stays in progress.
+	// SeparateReservations reserves each key with a statement and a commit
+	// of its own before the handler's transaction begins: the key is in
+	// progress for everyone to see (idemq keys, the UI) while the handler
+	// runs, under a lease the middleware extends (the heartbeat). Default
+	// false: the key is reserved in the handler's transaction, which holds
+	// it until it ends and commits it with the effects and the result, one
+	// commit per request; a concurrent request with the key still gets 409
+	// at once (docs/http.md, "Held and separate reservations").
+	SeparateReservations bool
+	// Lease overrides the store's lease of a key reserved separately
+	// (SeparateReservations). The middleware extends it every third of it
+	// while the handler runs (the heartbeat), so it only bounds how long a
+	// crashed server's key stays in progress.
 	Lease time.Duration
 	// Timeout bounds the handler: its context ends after it, and a handler
 	// that returns after that has its response discarded and its key

@@ -24,8 +24,13 @@
 //     body: another fingerprint): 422 Unprocessable Content;
 //   - the key is completed: its stored status, headers and body are replayed
 //     exactly, with Idempotent-Replayed: true, and the handler does not run;
-//   - else the handler runs, in a transaction (Tx), under a lease that a
-//     heartbeat extends.
+//   - else the handler runs, in a transaction (Tx) that holds the key: the
+//     reservation is written in it and commits with the handler's effects
+//     and the result, one commit per request. A concurrent request with the
+//     key does not wait for that commit: the key's advisory lock, taken
+//     first, sends it the 409 at once. Config.SeparateReservations reserves
+//     the key with a commit of its own instead, under a lease a heartbeat
+//     extends, visible as in progress while the handler runs.
 //
 // The handler writes its effects and its outbox messages (outbox.Enqueue
 // with r.Context() and Tx(r)) in the request's transaction and its answer to
@@ -40,8 +45,8 @@
 // is never stored; a 101 Switching Protocols cannot pass the guard (500,
 // key released).
 //
-// The completion is fenced by the lease token: a handler so slow that its
-// lease was taken over cannot commit. Completed keys are kept for the
+// With SeparateReservations the completion is fenced by the lease token: a
+// handler so slow that its lease was taken over cannot commit. Completed keys are kept for the
 // store's retention (dedup.Config.Retention, GC); a retry after it runs as
 // a new request. See docs/http.md for the table of situations.
 //

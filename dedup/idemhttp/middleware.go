@@ -3,6 +3,8 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +19,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/claim"
 	"github.com/idemq/idemq/internal/duptrace"
+	"github.com/idemq/idemq/internal/keystore"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 )
@@ -154,32 +157,51 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
 		c.TraceID, c.SpanID = sc.TraceID().String(), sc.SpanID().String()
 	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if !m.cfg.SeparateReservations {
+		m.run(w, r, next, c, nil)
+		return
+	}
 	res, err := m.store.Reserve(r.Context(), c)
 	if err != nil {
 		m.log(r.Context(), scope, "reserve key", err)
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the key could not be reserved; retry with the same key", m.cfg.RetryAfter)
 		return
 	}
+	if m.answered(w, r, res) {
+		return
+	}
+	m.run(w, r, next, c, res.Lease)
+}
+
+// answered answers a reservation that did not acquire the key (a
+// duplicate, a key in progress, a key reused) and reports whether it did.
+func (m *Middleware) answered(w http.ResponseWriter, r *http.Request, res dedup.Reservation) bool {
 	switch res.Decision {
 	case dedup.Duplicate:
 		duptrace.Mark(trace.SpanFromContext(r.Context()), res.Record)
 		settled(w, OutcomeDuplicate)
 		stored := res.Record.Result
 		send(w, stored.Headers, stored.Code, stored.Response, true)
-		return
 	case dedup.Busy:
-		m.problem(w, http.StatusConflict, CodeKeyInProgress, "a request with this key is in progress; retry with the same key later", m.cfg.RetryAfter)
-		return
+		m.busy(w)
 	case dedup.KeyReuse:
 		m.problem(w, http.StatusUnprocessableEntity, CodeKeyReuse, "this key was first used for another request; use a new key for a new operation", 0)
-		return
+	default:
+		return false
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.run(w, r, next, res.Lease)
+	return true
 }
 
-// run runs the handler under the lease, in a transaction, and answers.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, lease *dedup.Lease) {
+func (m *Middleware) busy(w http.ResponseWriter) {
+	m.problem(w, http.StatusConflict, CodeKeyInProgress, "a request with this key is in progress; retry with the same key later", m.cfg.RetryAfter)
+}
+
+// run runs the handler in a transaction and answers. With a lease (the
+// key reserved by a commit of its own, Config.SeparateReservations) the
+// handler runs under its heartbeat; without one, the key is reserved in
+// the transaction itself (reserveHeld), which holds it until it ends.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, c dedup.Claim, lease *dedup.Lease) {
 	// The operation does not end when the client goes away (a client that
 	// timed out retries, and gets 409 until this one finishes, then its
 	// answer): only the timeout, or a lost lease, ends it.
@@ -192,18 +214,35 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 
 	tx, err := m.store.Pool().Begin(ctx)
 	if err != nil {
-		m.log(ctx, lease.Scope, "begin", err)
-		m.release(finish, lease, "unavailable")
+		m.log(ctx, c.Scope, "begin", err)
+		m.release(finish, tx, lease, "unavailable")
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not start; retry with the same key", m.cfg.RetryAfter)
 		return
 	}
 	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
 
-	beatCtx := ctx // the closure below must not see ctx change
-	stopBeat := dedup.Heartbeat(beatCtx, m.store, []dedup.Held{{Lease: lease, Cancel: cancel}}, dedup.HeartbeatOptions{
-		Lease:   m.cfg.Lease,
-		OnError: func(err error) { m.log(beatCtx, lease.Scope, "lease heartbeat", err) },
-	})
+	stopBeat := func() {}
+	if lease == nil {
+		res, err := m.reserveHeld(ctx, tx, c)
+		if err != nil {
+			_ = tx.Rollback(finish)
+			m.log(ctx, c.Scope, "reserve key", err)
+			m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the key could not be reserved; retry with the same key", m.cfg.RetryAfter)
+			return
+		}
+		if res.Decision != dedup.Acquired {
+			_ = tx.Rollback(finish)
+			m.answered(w, r, res)
+			return
+		}
+		lease = res.Lease
+	} else {
+		beatCtx := ctx // the closure below must not see ctx change
+		stopBeat = dedup.Heartbeat(beatCtx, m.store, []dedup.Held{{Lease: lease, Cancel: cancel}}, dedup.HeartbeatOptions{
+			Lease:   m.cfg.Lease,
+			OnError: func(err error) { m.log(beatCtx, lease.Scope, "lease heartbeat", err) },
+		})
+	}
 	st := &state{tx: requestTx{tx}, key: lease.Key}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
@@ -216,11 +255,10 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	switch {
 	case abort != nil:
 		// http.ErrAbortHandler: the handler asked to drop the connection.
-		_ = tx.Rollback(finish)
-		m.release(finish, lease, "abort")
+		m.release(finish, tx, lease, "abort")
 		panic(abort)
 	case panicked:
-		m.release(finish, lease, "panic")
+		m.release(finish, tx, lease, "panic")
 		m.problem(w, http.StatusInternalServerError, CodeHandlerPanic, "the request failed; retry with the same key", 0)
 		return
 	case errors.Is(context.Cause(ctx), dedup.ErrLeaseLost):
@@ -230,22 +268,20 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	case ctx.Err() != nil:
 		// A timeout: whatever the handler did rolls back, and the retry
 		// runs it again.
-		m.release(finish, lease, "timeout")
+		m.release(finish, tx, lease, "timeout")
 		m.problem(w, http.StatusServiceUnavailable, CodeTimeout, "the request did not finish in time; retry with the same key", m.cfg.RetryAfter)
 		return
 	case status == http.StatusSwitchingProtocols:
 		// The answer is held until COMMIT and the connection is never
 		// handed over: a guarded request cannot switch protocols. It is
 		// the handler's mistake, not a result.
-		_ = tx.Rollback(finish)
-		m.release(finish, lease, "http_101")
+		m.release(finish, tx, lease, "http_101")
 		m.cfg.Logger.ErrorContext(ctx, "guarded handler answered 101 Switching Protocols", "consumer", m.cfg.Consumer, "key_hash", lease.KeyHash())
 		m.problem(w, http.StatusInternalServerError, CodeHandlerPanic, "the handler switched protocols, which a request guarded by an idempotency key cannot", 0)
 		return
 	}
 	if !st.decide(m.cfg.Stored(status)) {
-		_ = tx.Rollback(finish)
-		m.release(finish, lease, fmt.Sprintf("http_%d", status))
+		m.release(finish, tx, lease, fmt.Sprintf("http_%d", status))
 		settled(w, OutcomeNotStored)
 		send(w, rec.header, status, rec.body.Bytes(), false)
 		return
@@ -266,7 +302,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		// Rolled back (or, rarely, committed with the answer lost): the
 		// retry runs again, or replays what did commit.
 		m.log(ctx, lease.Scope, "commit", err)
-		m.release(finish, lease, "unavailable")
+		m.release(finish, tx, lease, "unavailable")
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not commit; retry with the same key", m.cfg.RetryAfter)
 		return
 	}
@@ -305,11 +341,19 @@ func keyHash(r *http.Request) string {
 	return ""
 }
 
-// release gives the key up and leaves nothing of the attempt behind
-// (dedup.Store.Forget): the key is absent again, so that the retry runs the
-// request again, and so does a corrected request (another fingerprint) with
-// the same key. why says what ended the attempt, for the log.
-func (m *Middleware) release(ctx context.Context, lease *dedup.Lease, why string) {
+// release rolls the request's transaction back (tx may be nil) and gives
+// the key up, leaving nothing of the attempt behind: the key is absent
+// again, so that the retry runs the request again, and so does a corrected
+// request (another fingerprint) with the same key. A key the transaction
+// held goes with the rollback; a separate reservation is forgotten
+// (dedup.Store.Forget). why says what ended the attempt, for the log.
+func (m *Middleware) release(ctx context.Context, tx pgx.Tx, lease *dedup.Lease, why string) {
+	if tx != nil {
+		_ = tx.Rollback(ctx) // a broken connection rolls it back as well
+	}
+	if lease == nil || lease.HeldByTransaction() {
+		return
+	}
 	if err := m.store.Forget(ctx, lease); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
 		// The lease expires by itself: a retry waits for it at most.
 		m.log(ctx, lease.Scope, "release key after "+why, err)
@@ -401,4 +445,40 @@ func Discard(r *http.Request) {
 	if st := stateOf(r); st != nil {
 		st.keep = -1
 	}
+}
+
+// lockSQL takes the transaction-scoped advisory lock of a key, or reports
+// that another transaction has it. The two-int4 form keeps the lock apart
+// from the single-bigint advisory locks applications take.
+const lockSQL = "SELECT pg_try_advisory_xact_lock($1::int4, $2::int4)"
+
+// reserveHeld reserves c's key in tx, held by tx until it ends: the
+// reservation is visible to no one until the commit, which writes it with
+// the handler's effects and the result (one commit per request). A
+// concurrent request with the same key must not wait for that commit: each
+// first takes an advisory lock of the key in its transaction, and one that
+// does not get it answers 409 at once, as a separate reservation's busy
+// key would. A key reserved by a commit of its own (a server with
+// SeparateReservations, during a rolling change) is found busy, or taken
+// over once its lease expired, by the same statement.
+func (m *Middleware) reserveHeld(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error) {
+	hi, lo := lockID(m.store.Config().Schema, c.Scope)
+	var got bool
+	if err := tx.QueryRow(ctx, lockSQL, hi, lo).Scan(&got); err != nil {
+		return dedup.Reservation{}, fmt.Errorf("lock key: %w", err)
+	}
+	if !got {
+		// A duplicate of a completed key is answered from its row, while
+		// another copy holds the lock only to find it completed too.
+		return keystore.Of(m.store).Refusal(ctx, tx, c)
+	}
+	return keystore.Of(m.store).ReserveTx(ctx, tx, c)
+}
+
+// lockID is the advisory lock of a key in a schema: 64 bits of the hash of
+// both. Two keys that share them (one chance in 2^64) only answer 409 to
+// each other while both run.
+func lockID(schema string, sc dedup.Scope) (hi, lo int32) {
+	h := sha256.Sum256([]byte(schema + "\x00" + sc.KeyHash()))
+	return int32(binary.BigEndian.Uint32(h[0:4])), int32(binary.BigEndian.Uint32(h[4:8]))
 }

@@ -151,12 +151,12 @@ func TestHeartbeatKeepsASlowRequest(t *testing.T) {
 	}
 }
 
-// A request whose lease was taken over cannot commit: the heartbeat finds
+// A request whose lease was taken over (SeparateReservations) cannot commit: the heartbeat finds
 // the lease lost and ends the handler's context; nothing it wrote commits,
 // and the client gets 409.
 func TestLostLeaseCannotCommit(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, idemhttp.Config{}, &dedup.Config{Lease: time.Second})
+	a := newAPI(t, idemhttp.Config{SeparateReservations: true}, &dedup.Config{Lease: time.Second})
 	entered := make(chan struct{})
 	a.before = func(w http.ResponseWriter, r *http.Request) bool {
 		if _, err := idemhttp.Tx(r).Exec(r.Context(), `INSERT INTO `+a.schema+`.orders (amount) VALUES (1)`); err != nil {

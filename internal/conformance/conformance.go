@@ -115,6 +115,10 @@ type Features struct {
 	// first's commit (and is then a duplicate) instead of finding the key
 	// busy, and there is no lease others can see, so none to lose.
 	HeldReservations bool
+	// BusyAtOnce: with HeldReservations, a second copy does not wait for
+	// the first's commit: it finds the key busy at once (idemhttp's
+	// advisory lock), though no row shows it in progress.
+	BusyAtOnce bool
 	// ReleaseForgets: a released key is deleted (idemhttp forgets a failed
 	// attempt, so that a corrected request may reuse the key): the attempt
 	// that succeeds after failures finds the key absent (attempts 1).

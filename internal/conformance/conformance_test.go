@@ -16,7 +16,11 @@ func TestConformance(t *testing.T) {
 	pool := testdb.Pool(t, 32)
 	t.Run("http", func(t *testing.T) {
 		t.Parallel()
-		conformance.Run(t, conformance.NewHTTPDoor(pool))
+		conformance.Run(t, conformance.NewHTTPDoor(pool, false))
+	})
+	t.Run("http/separate", func(t *testing.T) {
+		t.Parallel()
+		conformance.Run(t, conformance.NewHTTPDoor(pool, true))
 	})
 	for _, m := range conformance.Modes() {
 		t.Run("consumer/"+string(m), func(t *testing.T) {

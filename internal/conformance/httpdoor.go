@@ -44,24 +44,29 @@ type httpDoor struct {
 	store *dedup.Store
 	srv   *httptest.Server
 
+	// separate: the keys are reserved by a commit of their own.
+	separate bool
+
 	mu   sync.Mutex
 	lose map[string]bool // op id → the first answer is to be lost
 	next int
 }
 
 // NewHTTPDoor is the HTTP door: idemhttp.Middleware.Require around handle,
-// on httptest.NewServer, over a store on a fresh schema of pool. Its keys
-// are leased for 1s, so that a dead server's key is taken over quickly.
-func NewHTTPDoor(pool *pgxpool.Pool) NewDoor {
+// on httptest.NewServer, over a store on a fresh schema of pool; separate
+// sets idemhttp.Config.SeparateReservations. Its keys are leased for 1s,
+// so that a dead server's key is taken over quickly.
+func NewHTTPDoor(pool *pgxpool.Pool, separate bool) NewDoor {
 	return func(t *testing.T, handle Handle) Door {
 		store := deduptest.Store(t, pool, &dedup.Config{Lease: time.Second})
 		createEffects(t, pool, store.Config().Schema)
-		d := &httpDoor{store: store, lose: map[string]bool{}}
+		d := &httpDoor{store: store, lose: map[string]bool{}, separate: separate}
 		mw, err := idemhttp.New(store, &idemhttp.Config{
-			Consumer: httpConsumer,
-			Tenant:   func(r *http.Request) (string, error) { return r.Header.Get(tenantHeader), nil },
-			Lease:    time.Second,
-			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Consumer:             httpConsumer,
+			Tenant:               func(r *http.Request) (string, error) { return r.Header.Get(tenantHeader), nil },
+			SeparateReservations: separate,
+			Lease:                time.Second,
+			Logger:               slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -122,7 +127,9 @@ func (d *httpDoor) takeLose(op string) bool {
 	return false
 }
 
-func (d *httpDoor) Features() Features { return Features{ReleaseForgets: true} }
+func (d *httpDoor) Features() Features {
+	return Features{ReleaseForgets: true, HeldReservations: !d.separate, BusyAtOnce: !d.separate}
+}
 
 func (d *httpDoor) Store() *dedup.Store { return d.store }
 

@@ -29,6 +29,11 @@ type Keys interface {
 	// leaves the key completed with the default result. The lease is
 	// HeldByTransaction: it needs no heartbeat, and a rollback gives it up.
 	ReserveTx(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error)
+	// Refusal is the answer a reservation of c gets from the key's
+	// committed row, without reserving it, for a caller that knows another
+	// transaction holds the key: Duplicate or KeyReuse when the row is
+	// completed (or names another operation), else Busy. It reads in tx.
+	Refusal(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error)
 	// ReserveBatch reserves many keys with ONE atomic statement, with the
 	// semantics and fencing of Reserve; the answers are in the order of
 	// claims, whose scopes must be distinct.
