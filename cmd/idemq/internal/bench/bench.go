@@ -301,8 +301,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	}
 
 	start := time.Now()
-	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
-		o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency, loadAverage())
+	if len(scenarios) > 0 {
+		fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
+			o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency, loadAverage())
+	} else {
+		fmt.Fprintf(out, "idemq bench: load average %s\n", loadAverage())
+	}
 	var results []Result
 	for _, sc := range scenarios {
 		r, err := b.runRow(ctx, out, sc, b.runScenario)
@@ -379,12 +383,19 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	return slices.Concat(results, pubs, https), nil
 }
 
-// selectRows keeps the rows of a table whose name only matches, with its
-// base rows (isBase: the ratios' base) when any other row is kept; a table
-// none of whose other rows matches is left out (nil).
+// selectRows keeps the rows of a table whose name only matches, with the
+// base rows (isBase: the ratios' base) of their group; a group none of
+// whose other rows matches is left out, and so is a table (nil).
 func selectRows(scs []scenario, only *regexp.Regexp, isBase func(scenario) bool) []scenario {
-	scs = slices.DeleteFunc(scs, func(sc scenario) bool { return !isBase(sc) && !only.MatchString(sc.name) })
-	if slices.IndexFunc(scs, func(sc scenario) bool { return !isBase(sc) }) < 0 {
+	scs = slices.DeleteFunc(slices.Clone(scs), func(sc scenario) bool { return !isBase(sc) && !only.MatchString(sc.name) })
+	kept := map[string]bool{}
+	for _, sc := range scs {
+		if !isBase(sc) {
+			kept[sc.group] = true
+		}
+	}
+	scs = slices.DeleteFunc(scs, func(sc scenario) bool { return !kept[sc.group] })
+	if len(scs) == 0 {
 		return nil
 	}
 	return scs

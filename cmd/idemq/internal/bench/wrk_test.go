@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +75,25 @@ func TestParseWrkRefusesAPartialReport(t *testing.T) {
 		if _, err := parseWrk([]byte(report)); err == nil {
 			t.Errorf("%s: parsed", name)
 		}
+	}
+}
+
+func TestSelectRows(t *testing.T) {
+	scs := httpScenarios()
+	names := func(re string) []string {
+		var out []string
+		for _, sc := range selectRows(scs, regexp.MustCompile(re), func(sc scenario) bool { return sc.bare }) {
+			out = append(out, sc.name)
+		}
+		return out
+	}
+	if got := names("^idemq gateway$"); !slices.Equal(got, []string{"http bare publish: POST → publish with confirms", "idemq gateway"}) {
+		t.Errorf("gateway: %q", got)
+	}
+	if got := names("http|gateway"); len(got) != len(scs) {
+		t.Errorf("all: %q", got)
+	}
+	if got := names("bare"); got != nil {
+		t.Errorf("bare rows alone: %q, want none", got)
 	}
 }
