@@ -347,7 +347,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		}
 	}
 	var https []Result
-	var paced *pacedHTTP
+	var paced []pacedHTTP
 	if httpScenarios := selectRows(httpScenarios(), only, func(sc scenario) bool { return sc.bare }); !o.NoHTTP && len(httpScenarios) > 0 {
 		var err error
 		https, paced, err = b.runHTTPRows(ctx, out, httpScenarios)
