@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -326,7 +327,12 @@ func runHTTPServer(ctx context.Context, spec workerSpec, stdin io.Reader, out io
 		_, _ = io.Copy(io.Discard, stdin)
 		cancel()
 	}()
-	store, closePool, err := openStore(ctx, spec, httpPoolConns)
+	// IDEMQ_BENCH_HTTP_POOL sets the servers' pool size (an experiment's knob).
+	conns := httpPoolConns
+	if n, err := strconv.Atoi(os.Getenv("IDEMQ_BENCH_HTTP_POOL")); err == nil && n > 0 {
+		conns = n
+	}
+	store, closePool, err := openStore(ctx, spec, conns)
 	if err != nil {
 		return workerResult{}, err
 	}
