@@ -47,6 +47,9 @@ test: up ## go vet, then unit + integration tests with -race against real Postgr
 	@# The interop tests publish and read CloudEvents with Node.js packages
 	@# (integration/interop): install Node.js 18+ where it is missing.
 	@bash deploy/local/ensure-node.sh
+	@# The HTTP rows of idemq bench (and their test) load the servers with
+	@# wrk: install Debian's where it is missing.
+	@bash deploy/local/ensure-wrk.sh
 	@# The suites of POOLED_PKGS run a second time through PgBouncer in
 	@# transaction pooling mode (docs/operations.md, "PgBouncer"); the first
 	@# pass uses it too (the relay's LISTEN through a pooler): start it.
@@ -93,6 +96,7 @@ demo: up ## Run the payments scenario end to end (idemq demo), traced into the l
 	exit $$rc
 
 bench: up ## Run the benchmark of docs/benchmarks.md (a few minutes); ARGS=--full for the 50,000-message run
+	@bash deploy/local/ensure-wrk.sh
 	$(GO) run ./cmd/idemq bench --plot docs/img/bench.svg $(ARGS)
 
 # make scale: one simulated day of keys, then SCALE_CYCLES cycles of a worker

@@ -717,7 +717,7 @@ func TestBench(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "bench.svg")
 	// About thirty rows, each a worker process or two: minutes on a loaded machine.
 	r := idemqWithin(t, 8*time.Minute, env("idemq"), "bench", "--messages", "400", "--paced", "20", "--paced-rate", "100",
-		"--max-duration", "10s", "--watermill-dir", "", "--river-dir", "", "--plot", plot)
+		"--max-duration", "10s", "--http-duration", "1s", "--watermill-dir", "", "--river-dir", "", "--plot", plot)
 	if r.code != 0 {
 		t.Fatalf("idemq bench: %s", r)
 	}
@@ -737,11 +737,15 @@ func TestBench(t *testing.T) {
 		"bare publish+confirms, classic, again",
 		"bare pipe: consume, publish+confirm, ack", "idemq forward: claim, outbox, relay", "bare pipe, again",
 	}
-	i, j := strings.Index(r.stdout, "scenario  msg/s"), strings.Index(r.stdout, "publishing side  msg/s")
-	if i < 0 || j < i {
-		t.Fatalf("no consumer table followed by a publishing table:\n%s", r.stdout)
+	http := []string{
+		"http bare: POST, one INSERT in one tx", "http idemhttp: the same handler, guarded", "http idemhttp: the same handler, guarded, 20% dup",
+		"http bare publish: POST → publish with confirms", "idemq gateway", "idemq gateway, 20% dup",
 	}
-	consumeTable, publishTable := r.stdout[i:j], r.stdout[j:]
+	i, j, k := strings.Index(r.stdout, "scenario  msg/s"), strings.Index(r.stdout, "publishing side  msg/s"), strings.Index(r.stdout, "HTTP front door  req/s")
+	if i < 0 || j < i || k < j {
+		t.Fatalf("no consumer table followed by a publishing table and the HTTP front door's:\n%s", r.stdout)
+	}
+	consumeTable, publishTable, httpTable := r.stdout[i:j], r.stdout[j:k], r.stdout[k:]
 	// A row that ran: throughput, a ratio, and CPU per message for the
 	// worker and for all three processes together.
 	ran := func(table, row string) {
@@ -760,6 +764,9 @@ func TestBench(t *testing.T) {
 	}
 	for _, row := range publish {
 		ran(publishTable, row)
+	}
+	for _, row := range http {
+		ran(httpTable, row)
 	}
 	if _, err := os.Stat(filepath.Join("..", "..", "..", "shared", "benchref", "go.mod")); err == nil {
 		for _, row := range reference {

@@ -71,8 +71,14 @@ type Options struct {
 	// rows of their own.
 	PgBouncerURL string
 	// Only, when set, is a regular expression: only the rows whose name it
-	// matches run, with the bare rows of each table (the ratios' base).
+	// matches run, with the bare rows of their table (the ratios' base); a
+	// table none of whose other rows matches is left out.
 	Only string
+	// HTTPDuration is how long wrk loads each HTTP row (and the paced
+	// open-loop phase lasts). Default 10s.
+	HTTPDuration time.Duration
+	// NoHTTP leaves out the HTTP front door.
+	NoHTTP bool
 }
 
 func (o Options) withDefaults() Options {
@@ -100,13 +106,17 @@ func (o Options) withDefaults() Options {
 	if o.RiverWorkers == 0 {
 		o.RiverWorkers = 100
 	}
+	if o.HTTPDuration == 0 {
+		o.HTTPDuration = 10 * time.Second
+	}
 	return o
 }
 
-// Section names the two tables.
+// Section names the three tables.
 const (
 	SectionConsume = "consume"
 	SectionPublish = "publish"
+	SectionHTTP    = "http"
 )
 
 // Result is one scenario's figures.
@@ -124,6 +134,9 @@ type Result struct {
 	// PGPerMsg and MQPerMsg the Postgres and RabbitMQ servers' during the
 	// row (-1: not measured), AllPerMsg the sum of the three.
 	CPUPerMsg, PGPerMsg, MQPerMsg, AllPerMsg time.Duration
+	// HTTP rows (Settled: requests answered): 2xx answers replayed, 409s,
+	// and any other failure (an answer that is not 2xx, a socket error).
+	Replayed, Conflicts, Failed int64
 	// Note says why a row did not run, or what to know about its figure.
 	Note string
 }
@@ -164,6 +177,10 @@ type scenario struct {
 	partitions, orderedKeys int
 	// pooled runs the row's worker through Options.PgBouncerURL.
 	pooled bool
+	// server is what an HTTP row serves; paced adds the open-loop
+	// latency at half the row's rate.
+	server httpServer
+	paced  bool
 	// skip, when set, is why the row does not run.
 	skip string
 }
@@ -220,12 +237,6 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	defer conn.Close()
 	b := &bench{o: o, pool: pool, conn: conn, probe: newCPUProbe(o.PostgresURL, o.AMQPURL)}
 
-	// Build the reference consumers and the peers first, so that the rows
-	// run back to back in one window.
-	refSkip := b.buildBenchref(ctx, out)
-	wmSkip := b.buildPeer(ctx, out, o.WatermillDir, "bench-watermill", "Watermill peer", &b.watermillBin)
-	riverSkip := b.buildPeer(ctx, out, o.RiverDir, "bench-river", "River peer", &b.riverBin)
-
 	scenarios := []scenario{{name: "bare amqp091-go consume+ack", mode: modeBare}}
 	for _, r := range []struct{ work, name string }{
 		{"floor", "benchref floor: ledger rows, 1 tx, no dedup"},
@@ -233,7 +244,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		{"tx2", "benchref tx2: claim+ledger+complete, 1 tx"},
 		{"dedup", "benchref dedup: claim, complete, no effect"},
 	} {
-		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work, skip: refSkip})
+		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work})
 	}
 	// The per-message group rows run the library's default group size.
 	g := consumer.DefaultGroupSize
@@ -258,21 +269,44 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	}
 	if o.WatermillDir != "" {
 		scenarios = append(scenarios,
-			scenario{name: "watermill + in-memory Deduplicator, 20% dup", kind: runWatermill, work: "memory", duplicates: 0.2, skip: wmSkip},
-			scenario{name: "watermill + Postgres Deduplicator + ledger, 20% dup", kind: runWatermill, work: "postgres", duplicates: 0.2, skip: wmSkip})
+			scenario{name: "watermill + in-memory Deduplicator, 20% dup", kind: runWatermill, work: "memory", duplicates: 0.2},
+			scenario{name: "watermill + Postgres Deduplicator + ledger, 20% dup", kind: runWatermill, work: "postgres", duplicates: 0.2})
 	}
 	if o.RiverDir != "" {
-		scenarios = append(scenarios, scenario{name: fmt.Sprintf("river JobCompleteTx + ledger, %d workers", o.RiverWorkers), kind: runRiver, skip: riverSkip})
+		scenarios = append(scenarios, scenario{name: fmt.Sprintf("river JobCompleteTx + ledger, %d workers", o.RiverWorkers), kind: runRiver})
 	}
 	// The bare consumer runs first and last: the ratios use the mean of
 	// both, so a machine that speeds up or slows down during the run
 	// does not tilt them.
 	scenarios = append(scenarios, scenario{name: "bare amqp091-go, again", mode: modeBare})
-	scenarios = slices.DeleteFunc(scenarios, func(sc scenario) bool { return sc.mode != modeBare && !only.MatchString(sc.name) })
+	scenarios = selectRows(scenarios, only, func(sc scenario) bool { return sc.mode == modeBare })
+	// Build the reference consumers and the peers of the rows that run
+	// first, so that the rows run back to back in one window.
+	skips := map[runKind]string{}
+	for _, sc := range scenarios {
+		if _, built := skips[sc.kind]; built {
+			continue
+		}
+		switch sc.kind {
+		case runBenchref:
+			skips[sc.kind] = b.buildBenchref(ctx, out)
+		case runWatermill:
+			skips[sc.kind] = b.buildPeer(ctx, out, o.WatermillDir, "bench-watermill", "Watermill peer", &b.watermillBin)
+		case runRiver:
+			skips[sc.kind] = b.buildPeer(ctx, out, o.RiverDir, "bench-river", "River peer", &b.riverBin)
+		}
+	}
+	for i := range scenarios {
+		scenarios[i].skip = skips[scenarios[i].kind]
+	}
 
 	start := time.Now()
-	fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
-		o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency, loadAverage())
+	if len(scenarios) > 0 {
+		fmt.Fprintf(out, "idemq bench: %d messages of %d bytes per scenario (at most %s each), quorum queues, prefetch %d, concurrency %d; load average %s\n",
+			o.Messages, o.BodySize, o.MaxDuration, o.Prefetch, o.Concurrency, loadAverage())
+	} else {
+		fmt.Fprintf(out, "idemq bench: load average %s\n", loadAverage())
+	}
 	var results []Result
 	for _, sc := range scenarios {
 		r, err := b.runRow(ctx, out, sc, b.runScenario)
@@ -285,8 +319,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	ratios(results, func(i int) bool { return scenarios[i].mode == modeBare && scenarios[i].kind == runIdemqWorker })
 
 	var pubs []Result
-	if !o.NoPublish {
-		pubScenarios := slices.DeleteFunc(publishScenarios(), func(sc scenario) bool { return !sc.bare && !only.MatchString(sc.name) })
+	pubScenarios := selectRows(publishScenarios(), only, func(sc scenario) bool { return sc.bare })
+	if !o.NoPublish && len(pubScenarios) > 0 {
 		fmt.Fprintf(out, "publishing side: %d messages of %d bytes per scenario, confirms on every publish\n", o.Messages, o.BodySize)
 		for _, sc := range pubScenarios {
 			r, err := b.runRow(ctx, out, sc, b.runPublishScenario)
@@ -312,6 +346,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 			}
 		}
 	}
+	var https []Result
+	var paced []pacedHTTP
+	if httpScenarios := selectRows(httpScenarios(), only, func(sc scenario) bool { return sc.bare }); !o.NoHTTP && len(httpScenarios) > 0 {
+		var err error
+		https, paced, err = b.runHTTPRows(ctx, out, httpScenarios)
+		if err != nil {
+			return slices.Concat(results, pubs, https), err
+		}
+	}
 	fmt.Fprintf(out, "rows ran in %s; load average now %s\n", time.Since(start).Round(time.Second), loadAverage())
 
 	var sweep []sweepPoint
@@ -322,9 +365,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 			return results, err
 		}
 	}
-	printTable(out, results, b.lastCPU)
+	if len(results) > 0 {
+		printTable(out, results, b.lastCPU)
+	}
 	if len(pubs) > 0 {
 		printPublishTable(out, pubs)
+	}
+	if len(https) > 0 {
+		printHTTPTable(out, https, paced)
 	}
 	if o.PlotPath != "" {
 		if err := writePlot(o.PlotPath, results, sweep); err != nil {
@@ -332,7 +380,25 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		}
 		fmt.Fprintf(out, "plot: %s\n", o.PlotPath)
 	}
-	return append(results, pubs...), nil
+	return slices.Concat(results, pubs, https), nil
+}
+
+// selectRows keeps the rows of a table whose name only matches, with the
+// base rows (isBase: the ratios' base) of their group; a group none of
+// whose other rows matches is left out, and so is a table (nil).
+func selectRows(scs []scenario, only *regexp.Regexp, isBase func(scenario) bool) []scenario {
+	scs = slices.DeleteFunc(slices.Clone(scs), func(sc scenario) bool { return !isBase(sc) && !only.MatchString(sc.name) })
+	kept := map[string]bool{}
+	for _, sc := range scs {
+		if !isBase(sc) {
+			kept[sc.group] = true
+		}
+	}
+	scs = slices.DeleteFunc(scs, func(sc scenario) bool { return !kept[sc.group] })
+	if len(scs) == 0 {
+		return nil
+	}
+	return scs
 }
 
 // runLockKey is the advisory lock that one run holds on its database: two
@@ -406,6 +472,8 @@ func (b *bench) runRow(ctx context.Context, out io.Writer, sc scenario, run func
 	r.Scenario = sc.name
 	if r.Note != "" && r.Rate == 0 {
 		fmt.Fprintln(out, " failed (see the notes)")
+	} else if sc.mode == modeHTTP {
+		fmt.Fprintf(out, " %8.0f req/s\n", r.Rate)
 	} else {
 		fmt.Fprintf(out, " %8.0f msg/s\n", r.Rate)
 	}
@@ -422,17 +490,23 @@ type measured struct {
 func (b *bench) measure() measured { return measured{before: b.probe.sample(), b: b} }
 
 func (m measured) done(r *Result, res workerResult, usage *syscall.Rusage) {
-	d := m.b.probe.sample().sub(m.before)
-	m.b.lastCPU = d
 	r.Settled = res.Settled
 	if res.FirstToLast > 0 {
 		r.Rate = float64(res.Settled) / time.Duration(res.FirstToLast).Seconds()
 	}
+	m.cost(r, res.Settled, usage)
+}
+
+// cost reads the servers' CPU again and fills the CPU columns of r, per
+// one of the n messages (or requests).
+func (m measured) cost(r *Result, settled int, usage *syscall.Rusage) {
+	d := m.b.probe.sample().sub(m.before)
+	m.b.lastCPU = d
 	r.PGPerMsg, r.MQPerMsg = -1, -1
-	if res.Settled == 0 {
+	if settled == 0 {
 		return
 	}
-	n := time.Duration(res.Settled)
+	n := time.Duration(settled)
 	if usage != nil {
 		r.PeakRSSKiB = usage.Maxrss
 		r.CPUPerMsg = time.Duration(usage.Utime.Nano()+usage.Stime.Nano()) / n

@@ -18,6 +18,16 @@ import (
 // exec loaded; it is read while the child runs (it only grows, so the last
 // reading is its peak, to within the polling interval).
 func runMeasured(cmd *exec.Cmd) (*syscall.Rusage, error) {
+	wait, err := startMeasured(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// startMeasured starts cmd; wait waits for its end and returns what
+// runMeasured does.
+func startMeasured(cmd *exec.Cmd) (wait func() (*syscall.Rusage, error), err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -40,15 +50,17 @@ func runMeasured(cmd *exec.Cmd) (*syscall.Rusage, error) {
 			}
 		}
 	}()
-	err := cmd.Wait()
-	close(stop)
-	hwm := <-peak
-	usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if usage != nil {
-		// Unknown (no /proc, or a child too short to be read) reads 0.
-		usage.Maxrss = hwm
-	}
-	return usage, err
+	return func() (*syscall.Rusage, error) {
+		err := cmd.Wait()
+		close(stop)
+		hwm := <-peak
+		usage, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		if usage != nil {
+			// Unknown (no /proc, or a child too short to be read) reads 0.
+			usage.Maxrss = hwm
+		}
+		return usage, err
+	}, nil
 }
 
 // readHWM reads VmHWM (KiB) from a /proc/<pid>/status file.

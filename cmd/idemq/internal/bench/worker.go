@@ -42,6 +42,9 @@ const (
 	modeRelay   mode = "relay"   // idemq's outbox relay draining a preloaded outbox
 	modePipe    mode = "pipe"    // bare consume, publish with confirm, ack
 	modeForward mode = "forward" // idemq forward: consume, claim, outbox, relay
+
+	// The HTTP front door: a server (workerSpec.Server) until stdin ends.
+	modeHTTP mode = "http"
 )
 
 // workerSpec is what one worker process runs.
@@ -67,6 +70,8 @@ type workerSpec struct {
 	BodySize  int    `json:"body_size,omitempty"`
 	Window    int    `json:"window,omitempty"`
 	BatchSize int    `json:"batch_size,omitempty"`
+	// Server is what an HTTP worker serves.
+	Server httpServer `json:"server,omitempty"`
 }
 
 // workerResult is what a worker prints on stdout.
@@ -100,6 +105,8 @@ func runWorker(ctx context.Context, specJSON string, out io.Writer) error {
 		res, err = runPipe(ctx, spec)
 	case modeForward:
 		res, err = runForward(ctx, spec)
+	case modeHTTP:
+		res, err = runHTTPServer(ctx, spec, os.Stdin, out)
 	default:
 		res, err = runIdemq(ctx, spec)
 	}

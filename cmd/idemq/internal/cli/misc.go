@@ -112,12 +112,17 @@ floor without dedup, and minimal hand-written dedup consumers; built from
 their module and run as they are), the peers of --watermill-dir and
 --river-dir, and the publishing side: the outbox relay draining a backlog
 against a bare publisher with confirms (quorum and classic queues), and the
-forwarding stage of 'idemq forward' against a bare consume-and-publish pipe.
+forwarding stage of 'idemq forward' against a bare consume-and-publish pipe;
+and the HTTP front door, loaded by wrk (32 connections, a new Idempotency-Key
+per request): a handler writing one row against the same handler behind the
+idemhttp middleware, and a server publishing with confirms against 'idemq
+gateway', with the open-loop latency of the guarded handler at half its rate.
 Then print the tables (see docs/benchmarks.md). It uses its own schemas
 (idemq_bench, idemq_bench_ref, idemq_bench_river) and queues, which it resets.`,
 		Example: `  idemq bench
   idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
-  idemq bench --messages 5000 --max-duration 10s --no-publish
+  idemq bench --messages 5000 --max-duration 10s --no-publish --no-http
+  idemq bench --only 'http|gateway' --http-duration 5s   # the HTTP front door only
   idemq bench --pgbouncer-url "$(deploy/local/ensure-pgbouncer.sh)"
   idemq bench --sweep --plot docs/img/group-commit.svg`,
 		Args: noArgs,
@@ -137,13 +142,16 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
 				if !f.Changed("max-duration") {
 					o.MaxDuration = time.Minute
 				}
+				if !f.Changed("http-duration") {
+					o.HTTPDuration = 20 * time.Second
+				}
 			}
 			_, err := bench.Run(cmd.Context(), o, a.stdout)
 			return err
 		}),
 	}
 	f := cmd.Flags()
-	f.BoolVar(&full, "full", false, "the full run of docs/benchmarks.md: --messages 50000 --prefetch 1024 --max-duration 1m (flags given explicitly win)")
+	f.BoolVar(&full, "full", false, "the full run of docs/benchmarks.md: --messages 50000 --prefetch 1024 --max-duration 1m --http-duration 20s (flags given explicitly win)")
 	f.IntVar(&o.Messages, "messages", 20000, "messages preloaded per throughput scenario")
 	f.IntVar(&o.BodySize, "body-size", 200, "message body size in bytes")
 	f.IntVar(&o.Concurrency, "concurrency", 8, "handlers of every consumer")
@@ -159,7 +167,9 @@ Then print the tables (see docs/benchmarks.md). It uses its own schemas
 	f.IntVar(&o.RiverWorkers, "river-workers", 100, "River's MaxWorkers")
 	f.BoolVar(&o.NoPublish, "no-publish", false, "leave out the publishing side (relay, forward)")
 	f.StringVar(&o.PgBouncerURL, "pgbouncer-url", "", "the database of --postgres-url through PgBouncer in transaction mode (default_query_exec_mode=cache_describe): the default mode and the batch handler also run through it, in rows of their own (deploy/local/ensure-pgbouncer.sh prints one)")
-	f.StringVar(&o.Only, "only", "", "run only the rows whose name matches this regular expression (the bare rows, which the ratios need, always run)")
+	f.StringVar(&o.Only, "only", "", "run only the rows whose name matches this regular expression (with the bare rows of their table, which the ratios need; a table with no other row matching is left out)")
+	f.DurationVar(&o.HTTPDuration, "http-duration", 10*time.Second, "how long wrk loads each row of the HTTP front door (and the open-loop latency phase lasts)")
+	f.BoolVar(&o.NoHTTP, "no-http", false, "leave out the HTTP front door (wrk rows)")
 	return cmd
 }
 
