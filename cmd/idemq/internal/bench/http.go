@@ -42,10 +42,13 @@ import (
 type httpServer string
 
 const (
-	httpBare        httpServer = "bare"         // BEGIN, a ledger INSERT, COMMIT, 201
-	httpGuarded     httpServer = "idemhttp"     // the same handler behind idemhttp
-	httpBarePublish httpServer = "bare-publish" // publish with a confirm, 202
-	httpGateway     httpServer = "gateway"      // idemq gateway: middleware, outbox, relay
+	httpBare    httpServer = "bare"     // BEGIN, a ledger INSERT, COMMIT, 201
+	httpGuarded httpServer = "idemhttp" // the same handler behind idemhttp
+	// httpGuardedSeparate: behind idemhttp with SeparateReservations (a
+	// reservation committed on its own, a heartbeated lease).
+	httpGuardedSeparate httpServer = "idemhttp-separate"
+	httpBarePublish     httpServer = "bare-publish" // publish with a confirm, 202
+	httpGateway         httpServer = "gateway"      // idemq gateway: middleware, outbox, relay
 )
 
 // httpPath is the path every row POSTs to (the gateway's endpoint; the
@@ -68,6 +71,7 @@ func httpScenarios() []scenario {
 		{name: "http bare: POST, one INSERT in one tx", mode: modeHTTP, server: httpBare, group: "db", bare: true},
 		{name: "http idemhttp: the same handler, guarded", mode: modeHTTP, server: httpGuarded, group: "db", paced: true},
 		{name: "http idemhttp: the same handler, guarded, 20% dup", mode: modeHTTP, server: httpGuarded, group: "db", duplicates: 0.2},
+		{name: "http idemhttp, separate reservations", mode: modeHTTP, server: httpGuardedSeparate, group: "db"},
 		{name: "http bare publish: POST → publish with confirms", mode: modeHTTP, server: httpBarePublish, group: "publish", bare: true},
 		{name: "idemq gateway", mode: modeHTTP, server: httpGateway, group: "publish"},
 		{name: "idemq gateway, 20% dup", mode: modeHTTP, server: httpGateway, group: "publish", duplicates: 0.2},
@@ -344,10 +348,11 @@ func runHTTPServer(ctx context.Context, spec workerSpec, stdin io.Reader, out io
 	var effects atomic.Int64
 	var serve func(context.Context, net.Listener) error
 	switch spec.Server {
-	case httpBare, httpGuarded:
+	case httpBare, httpGuarded, httpGuardedSeparate:
 		var h http.Handler = ledgerHandler(store.Pool(), pgx.Identifier{spec.Schema, "ledger"}.Sanitize(), &effects)
-		if spec.Server == httpGuarded {
-			mw, err := idemhttp.New(store, &idemhttp.Config{Consumer: "bench-http", Logger: discardLogger()})
+		if spec.Server != httpBare {
+			mw, err := idemhttp.New(store, &idemhttp.Config{
+				Consumer: "bench-http", Logger: discardLogger(), SeparateReservations: spec.Server == httpGuardedSeparate})
 			if err != nil {
 				return workerResult{}, err
 			}
