@@ -65,7 +65,7 @@ func TestWakerLosesNoRequest(t *testing.T) {
 		if inFlight.Add(1) > 1 {
 			overlapped.Add(1)
 		}
-		lastSeen.Store(requests.Load()) // the requests this NOTIFY covers
+		lastSeen.Store(requests.Load())   // the requests this NOTIFY covers
 		time.Sleep(50 * time.Microsecond) // a round trip, not a synchronisation
 		sent.Add(1)
 		inFlight.Add(-1)
