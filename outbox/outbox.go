@@ -139,7 +139,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $
 	return &Outbox{
 		channel: channel,
 		waker: &waker{notify: func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, "SELECT pg_notify($1, '')", channel)
+			_, err := pool.Exec(ctx, wakeStatement, channel)
 			return err
 		}},
 		pool:      pool,

@@ -99,6 +99,14 @@ func (o *Outbox) wakeRelays(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// wakeStatement is a waker's NOTIFY, $1 the channel. It is a transaction
+// of its own, which Postgres gives an id and commits with a WAL flush
+// under the notify lock; committed asynchronously (synchronous_commit off
+// for it alone), it holds the lock for no flush. Only the wake-up is at
+// stake, not the rows: a crash can lose it, and the relays' poll covers
+// that as any lost wake-up.
+const wakeStatement = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')"
+
 // notifyTimeout bounds one NOTIFY of a waker.
 const notifyTimeout = 10 * time.Second
 

@@ -326,6 +326,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	if len(pubs) > 0 {
 		printPublishTable(out, pubs)
 	}
+	if !o.NoPublish {
+		if err := b.runWakeTable(ctx, out, only); err != nil {
+			return append(results, pubs...), err
+		}
+	}
 	if o.PlotPath != "" {
 		if err := writePlot(o.PlotPath, results, sweep); err != nil {
 			return results, err
