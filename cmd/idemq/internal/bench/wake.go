@@ -35,18 +35,22 @@ import (
 //     consumer runtime and idemhttp do);
 //   - no wake-up at all (the relays would only poll): the ceiling.
 //
-// Each row then runs a relay (default poll, 1 s) and measures commit →
-// delivered to a consumer over paced commits by the same writers.
+// The rows take turns, wakeRounds times wakeSpan each, so that a machine
+// whose speed drifts during the run (other work beside it) does not tilt
+// them. Each row then runs a relay (default poll, 1 s) and measures commit
+// → delivered to a consumer over paced commits by the same writers.
 
 const (
 	wakeWriters = 16
-	// wakeSpan is how long the writers commit as fast as they can.
-	wakeSpan = 10 * time.Second
+	// wakeRounds × wakeSpan is how long each row's writers commit as fast
+	// as they can, in turns with the other rows.
+	wakeRounds = 5
+	wakeSpan   = 3 * time.Second
 	// wakePaced is each writer's paced commits for the latency, with a
 	// random pause of up to wakePause before each.
 	wakePaced = 25
 	wakePause = 20 * time.Millisecond
-	// wakeSchema is the rows' scratch schema, made again for each.
+	// wakeSchema prefixes the rows' scratch schemas, made again for each run.
 	wakeSchema = "idemq_bench_wake"
 )
 
@@ -63,13 +67,12 @@ type wakeScenario struct {
 	mode wakeMode
 }
 
-// wakeScenarios are the rows, the ceiling first and last (the ratios' base).
+// wakeScenarios are the rows, the ceiling (the ratios' base) last.
 func wakeScenarios() []wakeScenario {
 	return []wakeScenario{
-		{"no wake-up", wakeNone},
 		{"NOTIFY in the transaction (the old trigger)", wakeInTx},
 		{"wake after commit", wakeAfter},
-		{"no wake-up, again", wakeNone},
+		{"no wake-up", wakeNone},
 	}
 }
 
@@ -84,7 +87,7 @@ type wakeResult struct {
 }
 
 // runWakeTable runs the rows that only selects (matched as "outbox
-// commits, <row>"; the no-wake-up ones always, when any other runs) and
+// commits, <row>"; the no-wake-up one always, when any other runs) and
 // prints the table.
 func (b *bench) runWakeTable(ctx context.Context, out io.Writer, only *regexp.Regexp) error {
 	scs := wakeScenarios()
@@ -94,28 +97,46 @@ func (b *bench) runWakeTable(ctx context.Context, out io.Writer, only *regexp.Re
 		return nil
 	}
 	scs = slices.DeleteFunc(scs, func(sc wakeScenario) bool { return sc.mode != wakeNone && !selected(sc) })
-	fmt.Fprintf(out, "outbox commits: %d writers, one outbox row per transaction, %s each; then %d paced commits per writer with a relay (poll 1s); load average %s\n",
-		wakeWriters, wakeSpan, wakePaced, loadAverage())
-	var rs []wakeResult
-	for _, sc := range scs {
-		fmt.Fprintf(out, "  running %-55s", sc.name+" …")
-		r, err := b.runWake(ctx, sc)
+	fmt.Fprintf(out, "outbox commits: %d writers, one outbox row per transaction, the rows in turns, %d × %s each; then %d paced commits per writer with a relay (poll 1s); load average %s\n",
+		wakeWriters, wakeRounds, wakeSpan, wakePaced, loadAverage())
+	rows := make([]*wakeRow, len(scs))
+	for i, sc := range scs {
+		row, err := b.newWakeRow(ctx, sc, i)
 		if err != nil {
-			fmt.Fprintln(out, "failed")
 			return fmt.Errorf("bench: %s: %w", sc.name, err)
 		}
-		fmt.Fprintf(out, " %8.0f commits/s\n", r.rate)
-		rs = append(rs, r)
+		defer row.close(ctx)
+		rows[i] = row
 	}
-	var sum float64
-	var n int
-	for _, r := range rs {
-		if r.mode == wakeNone {
-			sum, n = sum+r.rate, n+1
+	for round := range wakeRounds {
+		fmt.Fprintf(out, "  round %d:", round+1)
+		for _, row := range rows {
+			n, d, err := row.commitFlat(ctx)
+			if err != nil {
+				fmt.Fprintln(out, " failed")
+				return fmt.Errorf("bench: %s: %w", row.sc.name, err)
+			}
+			row.commits += n
+			row.elapsed += d
+			fmt.Fprintf(out, " %.0f", float64(n)/d.Seconds())
 		}
+		fmt.Fprintln(out, " commits/s")
 	}
+	rs := make([]wakeResult, len(rows))
+	for i, row := range rows {
+		fmt.Fprintf(out, "  latency of %-52s", row.sc.name+" …")
+		p50, p99, err := row.latency(ctx, b)
+		if err != nil {
+			fmt.Fprintln(out, "failed")
+			return fmt.Errorf("bench: %s: %w", row.sc.name, err)
+		}
+		fmt.Fprintf(out, " p50 %s\n", ms(p50))
+		rs[i] = wakeResult{name: row.sc.name, mode: row.sc.mode, commits: row.commits,
+			rate: float64(row.commits) / row.elapsed.Seconds(), p50: p50, p99: p99}
+	}
+	base := rs[len(rs)-1].rate
 	for i := range rs {
-		rs[i].ratio = rs[i].rate / (sum / float64(n))
+		rs[i].ratio = rs[i].rate / base
 	}
 	fmt.Fprintf(out, "load average now %s\n", loadAverage())
 	printWakeTable(out, rs)
@@ -129,79 +150,102 @@ func printWakeTable(out io.Writer, rs []wakeResult) {
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t\n", r.name, r.rate, 100*r.ratio, ms(r.p50), ms(r.p99))
 	}
 	tw.Flush()
-	fmt.Fprintln(out, "vs no wake-up: to the mean of the two no-wake-up runs. commit→publish: from the writer's COMMIT returning to the delivery to a consumer, relay polling every 1s besides (so about the poll without a wake-up).")
+	fmt.Fprintln(out, "commits/s: over all the row's turns. commit→publish: from the writer's COMMIT returning to the delivery to a consumer, relay polling every 1s besides (so about the poll without a wake-up).")
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
 
-// runWake measures one row in a fresh scratch schema.
-func (b *bench) runWake(ctx context.Context, sc wakeScenario) (wakeResult, error) {
-	r := wakeResult{name: sc.name, mode: sc.mode}
+// wakeRow is one row: its scratch schema, pool and outbox, and its count.
+type wakeRow struct {
+	sc      wakeScenario
+	pool    *pgxpool.Pool
+	ident   string
+	ob      *outbox.Outbox
+	commits int
+	elapsed time.Duration
+}
+
+// newWakeRow makes row i's scratch schema (with the old trigger for the
+// NOTIFY-in-the-transaction row) and its pool.
+func (b *bench) newWakeRow(ctx context.Context, sc wakeScenario, i int) (*wakeRow, error) {
 	cfg, err := pgxpool.ParseConfig(b.o.PostgresURL)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	cfg.MaxConns = wakeWriters + 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
-	defer pool.Close()
-	ident := pgx.Identifier{wakeSchema}.Sanitize()
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
-		return r, err
+	name := wakeSchema + "_" + strconv.Itoa(i)
+	row := &wakeRow{sc: sc, pool: pool, ident: pgx.Identifier{name}.Sanitize()}
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+row.ident+" CASCADE"); err != nil {
+		pool.Close()
+		return nil, err
 	}
-	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+ident+" CASCADE") //nolint:errcheck // the next run drops it too
-	if err := schema.Migrate(ctx, pool, wakeSchema); err != nil {
-		return r, err
+	if err := schema.Migrate(ctx, pool, name); err != nil {
+		row.close(ctx)
+		return nil, err
 	}
 	if sc.mode == wakeInTx {
-		if _, err := pool.Exec(ctx, oldTrigger(ident)); err != nil {
-			return r, fmt.Errorf("install the old trigger: %w", err)
+		if _, err := pool.Exec(ctx, oldTrigger(row.ident)); err != nil {
+			row.close(ctx)
+			return nil, fmt.Errorf("install the old trigger: %w", err)
 		}
 	}
-	ob, err := outbox.New(pool, &outbox.Config{Schema: wakeSchema})
-	if err != nil {
-		return r, err
+	if row.ob, err = outbox.New(pool, &outbox.Config{Schema: name}); err != nil {
+		row.close(ctx)
+		return nil, err
 	}
-	commit := func(ctx context.Context, msg outbox.Message) error {
-		// The writer never NOTIFYs in its transaction: the trigger
-		// does, in the old row.
-		ctx = outbox.WakeAfterCommit(ctx)
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msg) }); err != nil {
-			return err
-		}
-		if sc.mode == wakeAfter {
-			outbox.Wake(ctx)
-		}
-		return nil
-	}
+	return row, nil
+}
 
-	// Throughput: as fast as they can for wakeSpan.
+func (row *wakeRow) close(ctx context.Context) {
+	_, _ = row.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+row.ident+" CASCADE")
+	row.pool.Close()
+}
+
+// commit commits one transaction that enqueues msg, waking the relays as
+// the row does.
+func (row *wakeRow) commit(ctx context.Context, msg outbox.Message) error {
+	// The writer never NOTIFYs in its transaction: the trigger does, in
+	// the old row.
+	ctx = outbox.WakeAfterCommit(ctx)
+	if err := pgx.BeginFunc(ctx, row.pool, func(tx pgx.Tx) error { return row.ob.Enqueue(ctx, tx, msg) }); err != nil {
+		return err
+	}
+	if row.sc.mode == wakeAfter {
+		outbox.Wake(ctx)
+	}
+	return nil
+}
+
+// commitFlat has the writers commit as fast as they can for wakeSpan and
+// returns how many commits they made in how long.
+func (row *wakeRow) commitFlat(ctx context.Context) (int, time.Duration, error) {
 	var commits atomic.Int64
 	tctx, cancel := context.WithTimeout(ctx, wakeSpan)
 	defer cancel()
 	start := time.Now()
-	err = writers(func(w int) error {
+	err := writers(func(w int) error {
 		for i := 0; tctx.Err() == nil; i++ {
-			if err := commit(ctx, outbox.Message{RoutingKey: "idemq.bench.wake.none", MessageID: fmt.Sprintf("t%d-%d", w, i)}); err != nil {
+			if err := row.commit(ctx, outbox.Message{RoutingKey: "idemq.bench.wake.none", MessageID: fmt.Sprintf("t%d-%d", w, i)}); err != nil {
 				return err
 			}
 			commits.Add(1)
 		}
 		return nil
 	})
-	elapsed := time.Since(start)
-	if err != nil {
-		return r, err
+	return int(commits.Load()), time.Since(start), err
+}
+
+// latency empties the row's outbox and measures commit → delivery
+// (wakeLatency).
+func (row *wakeRow) latency(ctx context.Context, b *bench) (p50, p99 time.Duration, err error) {
+	if _, err := row.pool.Exec(ctx, "TRUNCATE "+row.ident+".outbox"); err != nil {
+		return 0, 0, err
 	}
-	r.commits = int(commits.Load())
-	r.rate = float64(r.commits) / elapsed.Seconds()
-	if _, err := pool.Exec(ctx, "TRUNCATE "+ident+".outbox"); err != nil {
-		return r, err
-	}
-	r.p50, r.p99, err = b.wakeLatency(ctx, ob, commit)
-	return r, err
+	return b.wakeLatency(ctx, row.ob, row.commit)
 }
 
 // writers runs fn for each of wakeWriters writers at once and returns the
