@@ -112,9 +112,13 @@ floor without dedup, and minimal hand-written dedup consumers; built from
 their module and run as they are), the peers of --watermill-dir and
 --river-dir, and the publishing side: the outbox relay draining a backlog
 against a bare publisher with confirms (quorum and classic queues), and the
-forwarding stage of 'idemq forward' against a bare consume-and-publish pipe.
+forwarding stage of 'idemq forward' against a bare consume-and-publish pipe;
+and the outbox commits of 16 writers with the relays woken by a NOTIFY in the
+transaction (the old trigger), after the commit, or not at all ('--only
+"outbox commits"').
 Then print the tables (see docs/benchmarks.md). It uses its own schemas
-(idemq_bench, idemq_bench_ref, idemq_bench_river) and queues, which it resets.`,
+(idemq_bench, idemq_bench_ref, idemq_bench_river, idemq_bench_wake_N) and
+queues, which it resets.`,
 		Example: `  idemq bench
   idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
   idemq bench --messages 5000 --max-duration 10s --no-publish
