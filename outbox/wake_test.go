@@ -267,3 +267,46 @@ func TestWakeAfterCommitCoalesces(t *testing.T) {
 		t.Fatalf("%d notifications for %d commits", n, writers*each)
 	}
 }
+
+// With WakeAfterCommit, a committed transaction notifies no one by itself
+// (Enqueue, EnqueueBatch and Deferred.Write alike): the NOTIFY comes from
+// Wake, after the commit.
+func TestWakeAfterCommitSendsNothingInTheTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	heard := e.listen(t)
+	ctx := outbox.WakeAfterCommit(context.Background())
+	msg := outbox.Message{Exchange: e.exchange, RoutingKey: boundKey}
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if err := e.ob.Enqueue(ctx, tx, msg); err != nil {
+			return err
+		}
+		if err := e.ob.EnqueueBatch(ctx, tx, []outbox.Message{msg, msg}); err != nil {
+			return err
+		}
+		d := outbox.NewDeferred(tx)
+		if err := e.ob.Enqueue(outbox.WithDeferred(ctx, d), tx, msg); err != nil {
+			return err
+		}
+		return d.Write(ctx, tx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sentinel(t, "committed")
+	if p := next(t, heard); p != "committed" {
+		t.Fatalf("notification %q before the sentinel: the transaction notified", p)
+	}
+	outbox.Wake(ctx)
+	if p := next(t, heard); p != "" {
+		t.Fatalf("notification %q, want Wake's", p)
+	}
+	outbox.Wake(ctx) // nothing written since the last Wake: nothing to wake
+	e.sentinel(t, "end")
+	if p := next(t, heard); p != "end" {
+		t.Fatalf("notification %q: a Wake with nothing written notified", p)
+	}
+	if b := e.backlog(t); b.Pending != 4 {
+		t.Fatalf("%d pending rows, want 4", b.Pending)
+	}
+}
