@@ -269,8 +269,9 @@ func (o *Outbox) assignSequences(ctx context.Context, tx pgx.Tx, rows [][]any) e
 }
 
 // EnqueueBatch writes msgs into the outbox in tx with one COPY (deferred
-// like Enqueue's), and wakes the relays as Enqueue does. Messages without a MessageID take claim sequence numbers
-// in slice order.
+// like Enqueue's), and wakes the relays as Enqueue does (a NOTIFY in tx
+// after the COPY, or Wake after the commit). Messages without a MessageID
+// take claim sequence numbers in slice order.
 func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 	if tx == nil {
 		return errors.New("outbox: enqueue batch: nil transaction")
