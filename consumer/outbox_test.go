@@ -3,13 +3,18 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/testamqp"
+	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -108,4 +113,117 @@ func TestOutboxRowsOfAFailedHandlerAreDropped(t *testing.T) {
 			t.Errorf("%d audit rows from the handler's own transaction, want 1", audits)
 		}
 	})
+}
+
+// A group's outbox rows wake the relays after the group's commit, with no
+// NOTIFY in the transaction and no insert trigger: a relay that polls once
+// a minute publishes each within seconds of its delivery.
+func TestOutboxRowsWakeTheRelayAfterTheCommit(t *testing.T) {
+	forEachMode(t, func(t *testing.T, m mode) {
+		h := newHarness(t, m, nil)
+		ctx := context.Background()
+		if _, err := h.pool.Exec(ctx, "DROP TRIGGER IF EXISTS outbox_notify ON "+pgx.Identifier{h.schema, "outbox"}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		exchange, sink := testamqp.Name(t, "x"), testamqp.Name(t, "sink")
+		testamqp.DeleteQueuesAtCleanup(t, []string{sink}, []string{exchange})
+		testamqp.Sink(t, h.pub, exchange, amqp.ExchangeDirect, sink, "receipt")
+		out := testamqp.Channel(t, h.conn)
+		received, err := out.Consume(sink, "", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		heard := listenOutbox(t, h.schema)
+		startSleepyRelay(t, h.pool, h.schema)
+		for p := nextNote(t, heard); !strings.HasPrefix(p, "idemq-listen-probe-"); p = nextNote(t, heard) {
+		}
+		h.start(1, func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (consumer.Response, error) {
+			if err := outbox.Enqueue(ctx, tx, outbox.Message{Exchange: exchange, RoutingKey: "receipt", MessageID: "receipt-" + d.Key}); err != nil {
+				return consumer.Response{}, err
+			}
+			return h.ledgerEffect(ctx, tx, d)
+		})
+		for i := range 5 {
+			key := keyOf(i, "wake")
+			h.publish(key, `{}`, nil)
+			select {
+			case d := <-received:
+				if d.MessageId != "receipt-"+key {
+					t.Fatalf("got %s, want receipt-%s", d.MessageId, key)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the receipt of %s not published within 10s: the relay was not woken", key)
+			}
+		}
+	})
+}
+
+// startSleepyRelay runs a relay of schema's outbox that polls once a
+// minute, until the test ends.
+func startSleepyRelay(t *testing.T, pool *pgxpool.Pool, schema string) {
+	t.Helper()
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(ob, testamqp.URL(), &outbox.RelayConfig{
+		ConnectionName: testamqp.Name(t, "idemq-test-relay"),
+		PollInterval:   time.Minute,
+		ListenConfig:   testdb.Direct(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+}
+
+// listenOutbox returns the notifications of schema's outbox channel until
+// the test ends.
+func listenOutbox(t *testing.T, schema string) <-chan string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.ConnectConfig(ctx, testdb.Direct(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.ChannelName(schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 1000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			out <- n.Payload
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.Background())
+	})
+	return out
+}
+
+func nextNote(t *testing.T, heard <-chan string) string {
+	t.Helper()
+	select {
+	case p := <-heard:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification within 10s")
+		return ""
+	}
 }

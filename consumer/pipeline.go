@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq/consumer/internal/kit"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/outbox"
 )
 
 // Every delivery goes through one pipeline, whatever the mode:
@@ -336,7 +337,8 @@ func (c *Consumer) runGroup(ctx context.Context, tx pgx.Tx, r runner, items []*i
 
 // commit writes the group's outbox rows, completes the keys the runner did
 // not complete (one statement), gives up in the transaction the keys it
-// holds whose items failed, and commits: the one commit of every mode. ok
+// holds whose items failed, commits (the one commit of every mode), and
+// then wakes the relays of the outbox rows it wrote. ok
 // false: a whole group's completion failed (a lease lost); nothing
 // committed.
 func (c *Consumer) commit(ctx context.Context, g *groupTx, r runner, items []*item, results []groupResult) ([]groupResult, bool) {
@@ -346,6 +348,10 @@ func (c *Consumer) commit(ctx context.Context, g *groupTx, r runner, items []*it
 		span.SetStatus(codes.Error, redact.Error(err))
 		return failAll(results, err)
 	}
+	// The outbox rows wake the relays after the commit (outbox.Wake
+	// below), not with a NOTIFY in it: a NOTIFY would make the commits of
+	// every group wait in line for Postgres' notify lock.
+	cctx = outbox.WakeAfterCommit(cctx)
 	if err := c.writeOutbox(cctx, g); err != nil {
 		return fail(err), true
 	}
@@ -385,7 +391,9 @@ func (c *Consumer) commit(ctx context.Context, g *groupTx, r runner, items []*it
 		for i := range results {
 			results[i] = groupResult{err: fmt.Errorf("commit: %w", err)}
 		}
+		return results, true
 	}
+	outbox.Wake(cctx)
 	return results, true
 }
 

@@ -17,19 +17,22 @@ import (
 
 // BenchmarkCommitToPublish measures the time from a transaction's COMMIT to
 // the delivery of its outbox message to a consumer, one message at a time,
-// with the relay woken by NOTIFY or by polling only. Commits come at random
+// with the relay woken by NOTIFY (sent in the transaction, or after the
+// commit with WakeAfterCommit and Wake) or by polling only. Commits come at random
 // moments, so polling shows its real average. Run it with a fixed count:
 //
 //	go test -run '^$' -bench CommitToPublish -benchtime 200x ./outbox/
 func BenchmarkCommitToPublish(b *testing.B) {
 	for _, mode := range []struct {
-		name   string
-		notify bool
-		poll   time.Duration
+		name        string
+		notify      bool
+		afterCommit bool
+		poll        time.Duration
 	}{
-		{"notify", true, time.Second},
-		{"poll=100ms", false, 100 * time.Millisecond},
-		{"poll=1s", false, time.Second},
+		{"notify", true, false, time.Second},
+		{"notify-after-commit", true, true, time.Second},
+		{"poll=100ms", false, false, 100 * time.Millisecond},
+		{"poll=1s", false, false, time.Second},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			e := newEnv(b, 4)
@@ -50,13 +53,18 @@ func BenchmarkCommitToPublish(b *testing.B) {
 				time.Sleep(rand.N(pause)) // commits at random moments, not a synchronisation
 				b.StartTimer()
 				id := strconv.Itoa(i)
-				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-					return e.ob.Enqueue(ctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: id})
+				wctx := ctx
+				if mode.afterCommit {
+					wctx = outbox.WakeAfterCommit(ctx)
+				}
+				err := pgx.BeginFunc(wctx, e.pool, func(tx pgx.Tx) error {
+					return e.ob.Enqueue(wctx, tx, outbox.Message{Exchange: e.exchange, RoutingKey: boundKey, MessageID: id})
 				})
 				if err != nil {
 					b.Fatal(err)
 				}
 				committed := time.Now()
+				outbox.Wake(wctx)
 				select {
 				case d := <-deliveries:
 					if d.MessageId != id {

@@ -61,7 +61,11 @@ func (d *Deferred) Truncate(n int) {
 }
 
 // Write writes the queued rows in tx, in the order they were enqueued, with
-// one COPY per outbox (one in all, usually), and empties d.
+// one COPY per outbox (one in all, usually), and empties d. It wakes the
+// relays as Enqueue does: with a NOTIFY in tx, or, when ctx comes from
+// WakeAfterCommit, at the Wake(ctx) the runtime calls after its commit
+// (the consumer's way, so that its groups' commits do not queue on
+// Postgres' notify lock).
 func (d *Deferred) Write(ctx context.Context, tx pgx.Tx) error {
 	for len(d.rows) > 0 {
 		o := d.rows[0].o

@@ -38,8 +38,12 @@
 // confirm mode, waits for every confirm of the batch, marks the confirmed
 // rows published and commits. Several relays can run side by side: each
 // claims other rows. A relay wakes on LISTEN/NOTIFY (channel
-// ChannelName(schema), fired by a trigger at each committed insert) and polls
-// as a fallback.
+// ChannelName(schema)) and polls as a fallback. The writers send the NOTIFY:
+// Enqueue in the caller's transaction, delivered at its commit, or, where
+// the library owns the commit (the consumer runtime, the idemhttp
+// middleware) or the caller asked for it (WakeAfterCommit), Wake after the
+// commit, outside any transaction: transactions that send a NOTIFY commit
+// one at a time, the others side by side.
 //
 // Nothing is lost: a row is marked only after the broker confirmed it, in the
 // transaction that holds its lock. A relay that dies or loses its broker

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,4 +105,56 @@ func ExampleRelay_Run() {
 	if err := relay.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// A writer that commits its own transactions, many at once, asks for the
+// relays' wake-up after the commit: its transactions then send no NOTIFY,
+// which Postgres would make commit one at a time, and Wake sends one from
+// outside them (one at a time per Outbox, however many commits ask).
+// Here a LISTEN on the outbox's channel stands for the relays.
+func ExampleWakeAfterCommit() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	dbSchema := "idemq_example_wake"
+	pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+dbSchema+" CASCADE") //nolint:errcheck
+	if err := schema.Migrate(ctx, pool, dbSchema); err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Exec(ctx, "DROP SCHEMA "+dbSchema+" CASCADE") //nolint:errcheck
+	ob, err := outbox.New(pool, &outbox.Config{Schema: dbSchema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	relays, err := pool.Acquire(ctx) // what a relay does: LISTEN
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer relays.Release()
+	if _, err := relays.Exec(ctx, "LISTEN "+outbox.ChannelName(dbSchema)); err != nil {
+		log.Fatal(err)
+	}
+
+	ctx = outbox.WakeAfterCommit(ctx)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// ... business rows in tx ...
+		return ob.Enqueue(ctx, tx, outbox.Message{RoutingKey: "receipts", Body: []byte("paid")})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	outbox.Wake(ctx) // after the commit, only when it succeeded; it does not wait
+
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := relays.Conn().WaitForNotification(wctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("relays woken on", n.Channel)
+	// Output:
+	// relays woken on idemq_example_wake_outbox
 }

@@ -106,6 +106,12 @@ type Outbox struct {
 	// published is the record of published messages (migration 009).
 	published string
 	insert    string
+	// insertNotify is insert with a NOTIFY of the relays, in one statement.
+	insertNotify string
+	// channel is the relays' LISTEN channel (ChannelName), which waker
+	// notifies after commits (see WakeAfterCommit).
+	channel string
+	waker   *waker
 	// nextSequences advances the ordering keys' counters (migration 010).
 	nextSequences string
 
@@ -127,7 +133,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: metrics: %w", err)
 	}
+	channel := ChannelName(c.Schema)
+	insert := `INSERT INTO ` + table + ` (` + columnList + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`
 	return &Outbox{
+		channel: channel,
+		waker: &waker{notify: func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, wakeStatement, channel)
+			return err
+		}},
 		pool:      pool,
 		cfg:       c,
 		table:     table,
@@ -137,8 +151,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 SELECT k, count(*) FROM unnest($1::text[]) AS k GROUP BY k
 ON CONFLICT (ordering_key) DO UPDATE SET last_sequence = s.last_sequence + excluded.last_sequence
 RETURNING ordering_key, last_sequence`,
-		insert: `INSERT INTO ` + table + ` (` + columnList + `)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
+		insert:       insert,
+		insertNotify: `WITH ins AS (` + insert + `) SELECT pg_notify($19, '')`,
 	}, nil
 }
 
@@ -175,10 +189,12 @@ var columnList = func() string {
 
 // Enqueue writes msg into the outbox in tx, the caller's transaction: the
 // message is published if and only if tx commits. A relay publishes it soon
-// after the commit (it is woken by NOTIFY). In a handler the consumer runs,
-// on the transaction the handler was given, the row is deferred: the
-// runtime writes the rows of the whole group with one statement before it
-// completes the keys (see Deferred).
+// after the commit: Enqueue sends a NOTIFY in tx (delivered at the commit),
+// or, where ctx asks for it (WakeAfterCommit), leaves the wake-up to a Wake
+// after the commit. In a handler the consumer runs, on the transaction the
+// handler was given, the row is deferred: the runtime writes the rows of the
+// whole group with one statement before it completes the keys (see
+// Deferred), and wakes the relays after its commit.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if tx == nil {
 		return errors.New("outbox: enqueue: nil transaction")
@@ -194,7 +210,14 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if err := o.assignSequences(ctx, tx, [][]any{row}); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	if _, err := tx.Exec(ctx, o.insert, row...); err != nil {
+	if w := wakesFrom(ctx); w != nil {
+		if _, err := tx.Exec(ctx, o.insert, row...); err != nil {
+			return fmt.Errorf("outbox: enqueue: %w", err)
+		}
+		w.add(o)
+		return nil
+	}
+	if _, err := tx.Exec(ctx, o.insertNotify, append(row, o.channel)...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return nil
@@ -246,8 +269,9 @@ func (o *Outbox) assignSequences(ctx context.Context, tx pgx.Tx, rows [][]any) e
 }
 
 // EnqueueBatch writes msgs into the outbox in tx with one COPY (deferred
-// like Enqueue's). Messages without a MessageID take claim sequence numbers
-// in slice order.
+// like Enqueue's), and wakes the relays as Enqueue does (a NOTIFY in tx
+// after the COPY, or Wake after the commit). Messages without a MessageID
+// take claim sequence numbers in slice order.
 func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 	if tx == nil {
 		return errors.New("outbox: enqueue batch: nil transaction")
@@ -275,13 +299,16 @@ func (o *Outbox) EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) er
 	return nil
 }
 
-// copyRows writes rows into the outbox in tx with one COPY.
+// copyRows writes rows into the outbox in tx with one COPY, and wakes the
+// relays (wakeRelays).
 func (o *Outbox) copyRows(ctx context.Context, tx pgx.Tx, rows [][]any) error {
 	if err := o.assignSequences(ctx, tx, rows); err != nil {
 		return err
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows))
-	return err
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{o.cfg.Schema, "outbox"}, columns, pgx.CopyFromRows(rows)); err != nil {
+		return err
+	}
+	return o.wakeRelays(ctx, tx)
 }
 
 // row checks msg, fills its defaults and returns its column values.

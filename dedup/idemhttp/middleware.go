@@ -246,6 +246,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	st := &state{tx: requestTx{tx}, key: lease.Key}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	ctx = outbox.NewContext(ctx, m.cfg.Outbox)
+	// The handler's outbox messages wake the relays after the commit
+	// below (outbox.Wake), not with a NOTIFY in the transaction, which
+	// would make the commits of all requests wait in line for Postgres'
+	// notify lock.
+	ctx = outbox.WakeAfterCommit(ctx)
 	ctx = claim.With(ctx, lease.Scope)
 	rec := newCapture(w)
 	panicked, abort := m.call(next, rec, r.WithContext(ctx))
@@ -306,6 +311,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not commit; retry with the same key", m.cfg.RetryAfter)
 		return
 	}
+	outbox.Wake(ctx)
 	if result.Outcome == dedup.OutcomeRejected {
 		settled(w, OutcomeRejected)
 	} else {
@@ -405,7 +411,11 @@ func stateOf(r *http.Request) *state {
 // Tx returns the transaction of a guarded request: the handler's writes and
 // outbox messages go into it, and the middleware commits it together with
 // the key's completion, before the response leaves (or rolls it back when
-// the response is not stored). Its Commit and Rollback return ErrTxOwned;
+// the response is not stored). Outbox messages enqueued with the request's
+// context wake the relays after that commit (outbox.WakeAfterCommit): a
+// handler that enqueues with it on a transaction of its own calls
+// outbox.Wake(r.Context()) after committing that one, or leaves the rows
+// to the relays' poll. Its Commit and Rollback return ErrTxOwned;
 // savepoints (Begin) work as usual. It is nil where the request is not guarded (a
 // method the middleware does not guard, or Optional without a key).
 func Tx(r *http.Request) pgx.Tx {

@@ -116,10 +116,15 @@ func TestMigrateTakesOverASchemaMigratedByTern(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := describe(t, pool, fresh)
-	for _, part := range []string{"column keys.recovery_point", "index CREATE INDEX keys_created_at_idx", "trigger ", "options keys fillfactor=70", "column outbox.headers_amqp"} {
+	for _, part := range []string{"column keys.recovery_point", "index CREATE INDEX keys_created_at_idx", "options keys fillfactor=70", "column outbox.headers_amqp"} {
 		if !strings.Contains(want, part) {
 			t.Fatalf("description of a fresh schema lacks %q:\n%s", part, want)
 		}
+	}
+	// The outbox's insert trigger is gone (migration 014): the writers
+	// wake the relays themselves.
+	if strings.Contains(want, "trigger ") {
+		t.Fatalf("a fresh schema has a trigger:\n%s", want)
 	}
 	for k := range len(migrations) + 1 {
 		t.Run(fmt.Sprintf("at version %d", k), func(t *testing.T) {

@@ -374,6 +374,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	if len(https) > 0 {
 		printHTTPTable(out, https, paced)
 	}
+	if !o.NoPublish {
+		if err := b.runWakeTable(ctx, out, only); err != nil {
+			return slices.Concat(results, pubs, https), err
+		}
+	}
 	if o.PlotPath != "" {
 		if err := writePlot(o.PlotPath, results, sweep); err != nil {
 			return results, err

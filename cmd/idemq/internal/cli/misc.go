@@ -116,9 +116,13 @@ forwarding stage of 'idemq forward' against a bare consume-and-publish pipe;
 and the HTTP front door, loaded by wrk (32 connections, a new Idempotency-Key
 per request): a handler writing one row against the same handler behind the
 idemhttp middleware, and a server publishing with confirms against 'idemq
-gateway', with the open-loop latency of the guarded handler at half its rate.
+gateway', with the open-loop latency of the guarded handler at half its rate;
+and the outbox commits of 16 writers with the relays woken by a NOTIFY in the
+transaction (the old trigger), after the commit, or not at all ('--only
+"outbox commits"').
 Then print the tables (see docs/benchmarks.md). It uses its own schemas
-(idemq_bench, idemq_bench_ref, idemq_bench_river) and queues, which it resets.`,
+(idemq_bench, idemq_bench_ref, idemq_bench_river, idemq_bench_wake_N) and
+queues, which it resets.`,
 		Example: `  idemq bench
   idemq bench --full                     # the issue's run: 50,000 messages, prefetch 1024
   idemq bench --messages 5000 --max-duration 10s --no-publish --no-http
