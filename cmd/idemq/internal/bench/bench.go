@@ -330,21 +330,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 			r.Section = SectionPublish
 			pubs = append(pubs, r)
 		}
-		// Each group's rows to the bare rows of that group.
-		for g := range groups(pubScenarios) {
-			var idx []int
-			var sub []Result
-			for i, sc := range pubScenarios {
-				if sc.group == g {
-					idx = append(idx, i)
-					sub = append(sub, pubs[i])
-				}
-			}
-			ratios(sub, func(j int) bool { return pubScenarios[idx[j]].bare })
-			for j, i := range idx {
-				pubs[i].Ratio = sub[j].Ratio
-			}
-		}
+		groupRatios(pubScenarios, pubs)
 	}
 	var https []Result
 	var paced []pacedHTTP
@@ -440,6 +426,25 @@ func groups(scs []scenario) map[string]bool {
 		g[sc.group] = true
 	}
 	return g
+}
+
+// groupRatios sets the ratio of each of rs (the results of scs, in
+// order) to the bare rows of its scenario's group.
+func groupRatios(scs []scenario, rs []Result) {
+	for g := range groups(scs) {
+		var idx []int
+		var sub []Result
+		for i, sc := range scs {
+			if sc.group == g {
+				idx = append(idx, i)
+				sub = append(sub, rs[i])
+			}
+		}
+		ratios(sub, func(j int) bool { return scs[idx[j]].bare })
+		for j, i := range idx {
+			rs[i].Ratio = sub[j].Ratio
+		}
+	}
 }
 
 // ratios sets each row's Ratio to its rate over the mean rate of the base

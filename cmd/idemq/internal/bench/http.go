@@ -121,20 +121,7 @@ func (b *bench) runHTTPRows(ctx context.Context, out io.Writer, scs []scenario) 
 			fmt.Fprintf(out, " p99 %s\n", lat(pr.P99))
 		}
 	}
-	for g := range groups(scs) {
-		var idx []int
-		var sub []Result
-		for i, sc := range scs {
-			if sc.group == g {
-				idx = append(idx, i)
-				sub = append(sub, rs[i])
-			}
-		}
-		ratios(sub, func(j int) bool { return scs[idx[j]].bare })
-		for j, i := range idx {
-			rs[i].Ratio = sub[j].Ratio
-		}
-	}
+	groupRatios(scs, rs)
 	return rs, paced, nil
 }
 
