@@ -189,32 +189,7 @@ func startSleepyRelay(t *testing.T, pool *pgxpool.Pool, schema string) {
 // the test ends.
 func listenOutbox(t *testing.T, schema string) <-chan string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgx.ConnectConfig(ctx, testdb.Direct(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.ChannelName(schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan string, 1000)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			n, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				return
-			}
-			out <- n.Payload
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		_ = conn.Close(context.Background())
-	})
-	return out
+	return testdb.Listen(t, outbox.ChannelName(schema))
 }
 
 func nextNote(t *testing.T, heard <-chan string) string {

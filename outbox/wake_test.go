@@ -135,32 +135,7 @@ func TestDeferredWakesTheRelay(t *testing.T) {
 // order Postgres delivers them (commit order), until the test ends.
 func (e *env) listen(t *testing.T) <-chan string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgx.ConnectConfig(ctx, testdb.Direct(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.ChannelName(e.schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan string, 10000)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			n, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				return
-			}
-			out <- n.Payload
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		_ = conn.Close(context.Background())
-	})
-	return out
+	return testdb.Listen(t, outbox.ChannelName(e.schema))
 }
 
 // sentinel sends a notification with payload p on the env's channel,

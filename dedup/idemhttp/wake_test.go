@@ -70,30 +70,5 @@ func TestOutboxMessagesWakeTheRelaysAfterTheCommit(t *testing.T) {
 // test ends.
 func listen(t *testing.T, schema string) <-chan string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgx.ConnectConfig(ctx, testdb.Direct(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.ChannelName(schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan string, 100)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			n, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				return
-			}
-			out <- n.Payload
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		_ = conn.Close(context.Background())
-	})
-	return out
+	return testdb.Listen(t, outbox.ChannelName(schema))
 }

@@ -132,3 +132,39 @@ func RandomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Listen LISTENs on channel on a direct connection (a LISTEN needs a
+// session) and returns the payloads of its notifications, in the order
+// Postgres delivers them (commit order), until the test ends.
+func Listen(tb testing.TB, channel string) <-chan string {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.ConnectConfig(ctx, Direct(tb))
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		cancel()
+		_ = conn.Close(context.Background())
+		tb.Fatal(err)
+	}
+	out := make(chan string, 10000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			out <- n.Payload
+		}
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.Background())
+	})
+	return out
+}
