@@ -114,7 +114,10 @@ func ExampleRelay_Run() {
 // Here a LISTEN on the outbox's channel stands for the relays.
 func ExampleWakeAfterCommit() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	// A LISTEN needs a session: where the pool goes through a transaction
+	// pooler (PgBouncer), the relays' connection reaches Postgres directly.
+	url := cmp.Or(os.Getenv("IDEMQ_TEST_POSTGRES_DIRECT_URL"), os.Getenv("IDEMQ_TEST_POSTGRES_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
 	}
