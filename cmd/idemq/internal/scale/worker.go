@@ -205,6 +205,9 @@ func (w *worker) op(ctx context.Context) (bool, error) {
 		return false, errors.Join(fmt.Errorf("begin: %w", err), w.store.Release(context.WithoutCancel(ctx), res.Lease, "retried"))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// As the consumer does: the relays are woken after the commit, not by a
+	// NOTIFY in the transaction, which would make the commits wait in line.
+	ctx = outbox.WakeAfterCommit(ctx)
 	if err := w.ob.Enqueue(ctx, tx, outbox.Message{Exchange: "ledger", RoutingKey: "payment.settled",
 		Body: body, ContentType: "application/json", MessageID: sc.Key}); err != nil {
 		return false, err
@@ -215,6 +218,7 @@ func (w *worker) op(ctx context.Context) (bool, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
+	outbox.Wake(ctx)
 	w.inserted.Add(1)
 	return false, nil
 }
