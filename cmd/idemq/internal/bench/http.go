@@ -27,7 +27,6 @@ import (
 
 	"github.com/idemq/idemq/cmd/idemq/internal/gateway"
 	"github.com/idemq/idemq/dedup/idemhttp"
-	"github.com/idemq/idemq/internal/amqpdial"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 )
@@ -347,23 +346,11 @@ func runHTTPServer(ctx context.Context, spec workerSpec, stdin io.Reader, out io
 		}
 		serve = plainServer(h)
 	case httpBarePublish:
-		conn, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench-http", 0)
+		conn, ch, err := confirmChannel(ctx, spec.AMQPURL, "idemq-bench-http")
 		if err != nil {
 			return workerResult{}, err
 		}
 		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return workerResult{}, err
-		}
-		if err := ch.Confirm(false); err != nil {
-			return workerResult{}, err
-		}
-		returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-		go func() {
-			for range returns {
-			}
-		}()
 		serve = plainServer(publishHandler(ch, spec.Target, &effects))
 	case httpGateway:
 		// As `idemq gateway` builds it: its relay runs beside the server

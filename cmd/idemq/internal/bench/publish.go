@@ -181,23 +181,11 @@ func (b *bench) checkDelivered(queue string, n int) error {
 func runPublisher(ctx context.Context, spec workerSpec) (workerResult, error) {
 	t := newTally(spec.Count)
 	t.start()
-	conn, err := amqpdial.DialURL(ctx, spec.AMQPURL, "idemq-bench", 0)
+	conn, ch, err := confirmChannel(ctx, spec.AMQPURL, "idemq-bench")
 	if err != nil {
 		return workerResult{}, err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return workerResult{}, err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return workerResult{}, err
-	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	go func() {
-		for range returns {
-		}
-	}()
 	body := bytes.Repeat([]byte("x"), spec.BodySize)
 	window := make(chan *amqp.DeferredConfirmation, max(1, spec.Window-1))
 	failed := make(chan error, 1)
@@ -428,4 +416,28 @@ func runForward(ctx context.Context, spec workerSpec) (workerResult, error) {
 		return workerResult{}, err
 	}
 	return runUntilCounted(ctx, t, spec.MaxDuration, stage.Run)
+}
+
+// confirmChannel dials url as name and opens a channel in confirm mode
+// whose returned messages are read and dropped (the publishers count what
+// was confirmed); closing the connection closes both.
+func confirmChannel(ctx context.Context, url, name string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqpdial.DialURL(ctx, url, name, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
+	go func() {
+		for range returns {
+		}
+	}()
+	return conn, ch, nil
 }
