@@ -324,6 +324,9 @@ func (s *keys) ReleaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, reason
 		if !l.held {
 			return fmt.Errorf("release keys: lease %d is not held by a transaction (use ReleaseBatch)", i)
 		}
+		if l.unwritten != nil {
+			return errUnwritten("release keys", i)
+		}
 		consumers[i], tenants[i], keys[i], why[i] = l.Consumer, l.Tenant, l.stored, nullable(reasons[i])
 	}
 	tag, err := tx.Exec(ctx, s.sql.releaseBatchHeld, pgx.QueryExecModeCacheDescribe, consumers, tenants, keys, why)
@@ -361,6 +364,9 @@ func (s *keys) LeaseTx(ctx context.Context, tx pgx.Tx, leases []*Lease, d time.D
 	for i, l := range leases {
 		if !l.held {
 			return nil, fmt.Errorf("lease keys: lease %d is not held by a transaction", i)
+		}
+		if l.unwritten != nil {
+			return nil, errUnwritten("lease keys", i)
 		}
 		consumers[i], tenants[i], keys[i] = l.Consumer, l.Tenant, l.stored
 		copy(tokens[i][:], tokenBytes[16*i:])
@@ -412,6 +418,8 @@ func (s *keys) CompleteBatch(ctx context.Context, tx pgx.Tx, leases []*Lease, re
 			return nil, err
 		}
 		switch {
+		case l.unwritten != nil:
+			return nil, errUnwritten("complete keys", i)
 		case !l.held:
 			leased = append(leased, i)
 		case !presumed(results[i]):

@@ -25,6 +25,13 @@ type statements struct {
 	// completion only records a result other than the presumed one.
 	reserveHeld, reserveBatchHeld, completeHeld, completeBatchHeld string
 	releaseBatchHeld, leaseBatchHeld                               string
+	// completeOrFail and completeHeldOrFail are complete and completeHeld
+	// that fail when they complete no row (orFail).
+	completeOrFail, completeHeldOrFail string
+	// insertCompleted writes the row of an unwritten lease (TryReserveTx),
+	// completed with its result, unless another reservation wrote the key
+	// meanwhile; insertCompletedOrFail fails then (orFail).
+	insertCompleted, insertCompletedOrFail string
 	// table is the key table's quoted name.
 	table string
 }
@@ -199,6 +206,13 @@ SET outcome = c.outcome, response_code = c.code, response = c.response, response
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bytea[], $7::text[], $8::jsonb[])
     AS c(consumer, tenant, key, outcome, code, response, reason, headers)
 WHERE k.consumer = c.consumer AND k.tenant = c.tenant AND k.key = c.key AND k.state = 'completed'`
+	st.completeOrFail, st.completeHeldOrFail = orFail(st.complete), orFail(st.completeHeld)
+	st.insertCompleted = `INSERT INTO ` + t + `
+    (consumer, tenant, key, state, fingerprint, attempts, trace_id, span_id,
+     outcome, response_code, response, response_reason, response_headers, completed_at)
+VALUES ($1, $2, $3, 'completed', $4::bytea, 1, $5::text, $6::text, $7, $8, $9, $10, $11::jsonb, now())
+ON CONFLICT (consumer, tenant, key) DO NOTHING`
+	st.insertCompletedOrFail = orFail(st.insertCompleted)
 	// Giving up a held key turns the presumed completion back into the row
 	// Release leaves: in progress, no lease, released with a reason.
 	st.releaseBatchHeld = `UPDATE ` + t + ` AS k

@@ -162,6 +162,16 @@ type Lease struct {
 	// held: reserved in the caller's transaction (ReserveTx), which holds
 	// the row, written completed, until it ends.
 	held bool
+	// unwritten: held by the key's advisory lock in the caller's
+	// transaction, with no row yet (TryReserveTx found the key absent): the
+	// completion writes the row, once, with the result.
+	unwritten *unwrittenRow
+}
+
+// unwrittenRow is what the row of an unwritten lease is written with.
+type unwrittenRow struct {
+	fingerprint     Fingerprint
+	traceID, spanID string
 }
 
 // HeldByTransaction reports that the lease was reserved inside a caller's
@@ -246,38 +256,61 @@ func (s *keys) ReserveTx(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, 
 }
 
 func (s *Store) reserve(ctx context.Context, q querier, c Claim) (Reservation, error) {
+	if err := checkClaim(c); err != nil {
+		return Reservation{}, err
+	}
+	return s.reserveRounds(ctx, q, c)
+}
+
+// checkClaim refuses a claim no reservation may make.
+func checkClaim(c Claim) error {
 	if err := ValidateKey(c.Key); err != nil {
-		return Reservation{}, fmt.Errorf("reserve key: %w", err)
+		return fmt.Errorf("reserve key: %w", err)
 	}
 	if err := ValidateTenant(c.Tenant); err != nil {
-		return Reservation{}, fmt.Errorf("reserve key: %w", err)
+		return fmt.Errorf("reserve key: %w", err)
 	}
 	if c.Consumer == "" {
-		return Reservation{}, errors.New("reserve key: empty consumer name")
+		return errors.New("reserve key: empty consumer name")
 	}
+	return nil
+}
+
+// claimRow runs sql, a reservation statement (reserve, reserveHeld,
+// reserveLocked) with the claim's arguments and then extra, and returns
+// the lease it wrote; pgx.ErrNoRows when it wrote none.
+func (s *Store) claimRow(ctx context.Context, q querier, sql string, c Claim, extra ...any) (*Lease, error) {
 	lease := c.Lease
 	if lease <= 0 {
 		lease = s.cfg.Lease
 	}
 	key := s.storedKey(c.Key)
+	var token [16]byte
+	if _, err := rand.Read(token[:]); err != nil {
+		return nil, fmt.Errorf("token: %w", err)
+	}
+	l := &Lease{Scope: c.Scope, Token: token, stored: key, held: isTx(q)}
+	var (
+		inserted bool
+		until    *time.Time
+	)
+	args := append([]any{c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID)}, extra...)
+	if err := q.QueryRow(ctx, sql, args...).Scan(&l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
+		return nil, err
+	}
+	l.TakenOver = !inserted
+	if until != nil {
+		l.LockedUntil = *until
+	}
+	return l, nil
+}
+
+// reserveRounds reserves c's key, reading the row when the statement
+// wrote none, for a bounded number of rounds.
+func (s *Store) reserveRounds(ctx context.Context, q querier, c Claim) (Reservation, error) {
 	for range maxReserveRounds {
-		var token [16]byte
-		if _, err := rand.Read(token[:]); err != nil {
-			return Reservation{}, fmt.Errorf("reserve key: token: %w", err)
-		}
-		l := &Lease{Scope: c.Scope, Token: token, stored: key, held: isTx(q)}
-		var (
-			inserted bool
-			until    *time.Time
-		)
-		err := q.QueryRow(ctx, s.reserveStatement(q),
-			c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
-		).Scan(&l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted)
+		l, err := s.claimRow(ctx, q, s.reserveStatement(q), c)
 		if err == nil {
-			l.TakenOver = !inserted
-			if until != nil {
-				l.LockedUntil = *until
-			}
 			return Reservation{Decision: Acquired, Lease: l}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -319,6 +352,12 @@ func refusal(rec *Record, c Claim) (r Reservation, ok bool) {
 // another operation), else Busy. It reads in tx, the caller's transaction.
 func (s *keys) Refusal(ctx context.Context, tx pgx.Tx, c Claim) (Reservation, error) {
 	rec, err := s.store().inspect(ctx, tx, c.Scope)
+	return refusalWhileHeld(rec, err, c)
+}
+
+// refusalWhileHeld is Refusal's answer from what reading the key's row
+// found (rec, or err from inspect).
+func refusalWhileHeld(rec *Record, err error, c Claim) (Reservation, error) {
 	if errors.Is(err, ErrNotFound) {
 		return Reservation{Decision: Busy}, nil
 	}
@@ -358,6 +397,10 @@ func (s *Store) completion(l *Lease, r Result) (string, []any, error) {
 	hdr, err := encodeHeaders(r.Headers)
 	if err != nil {
 		return "", nil, err
+	}
+	if w := l.unwritten; w != nil {
+		return s.sql.insertCompleted, []any{l.Consumer, l.Tenant, l.stored, w.fingerprint[:], nullable(w.traceID), nullable(w.spanID),
+			string(r.Outcome), r.Code, r.Response, nullable(r.Reason), hdr}, nil
 	}
 	if l.held {
 		if presumed(r) {

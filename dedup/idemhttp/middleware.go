@@ -3,8 +3,6 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -212,14 +210,28 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	finish, endFinish := context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
 	defer endFinish()
 
-	tx, err := m.store.Pool().Begin(ctx)
+	// The connection is the middleware's own, not the pool's transaction:
+	// the completion and the COMMIT go in one round trip at the end
+	// (keystore.Keys.CompleteCommit), after which the transaction must not
+	// be ended again, only its connection released.
+	conn, err := m.store.Pool().Acquire(ctx)
+	var tx pgx.Tx
+	if err == nil {
+		defer conn.Release()
+		tx, err = conn.Begin(ctx)
+	}
 	if err != nil {
 		m.log(ctx, c.Scope, "begin", err)
-		m.release(finish, tx, lease, "unavailable")
+		m.release(finish, nil, lease, "unavailable")
 		m.problem(w, http.StatusServiceUnavailable, CodeUnavailable, "the request could not start; retry with the same key", m.cfg.RetryAfter)
 		return
 	}
-	defer tx.Rollback(finish) //nolint:errcheck // a no-op after COMMIT
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(finish) // a no-op after an explicit one
+		}
+	}()
 
 	stopBeat := func() {}
 	if lease == nil {
@@ -295,10 +307,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	if status >= 400 {
 		result.Outcome, result.Reason = dedup.OutcomeRejected, http.StatusText(status)
 	}
-	err = m.store.Complete(finish, tx, lease, result)
-	if err == nil {
-		err = tx.Commit(finish)
-	}
+	err = keystore.Of(m.store).CompleteCommit(finish, tx, lease, result)
+	committed = err == nil
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		m.problem(w, http.StatusConflict, CodeLeaseLost, "another request with this key took over; retry with the same key later", m.cfg.RetryAfter)
@@ -457,38 +467,14 @@ func Discard(r *http.Request) {
 	}
 }
 
-// lockSQL takes the transaction-scoped advisory lock of a key, or reports
-// that another transaction has it. The two-int4 form keeps the lock apart
-// from the single-bigint advisory locks applications take.
-const lockSQL = "SELECT pg_try_advisory_xact_lock($1::int4, $2::int4)"
-
-// reserveHeld reserves c's key in tx, held by tx until it ends: the
-// reservation is visible to no one until the commit, which writes it with
-// the handler's effects and the result (one commit per request). A
-// concurrent request with the same key must not wait for that commit: each
-// first takes an advisory lock of the key in its transaction, and one that
-// does not get it answers 409 at once, as a separate reservation's busy
-// key would. A key reserved by a commit of its own (a server with
-// SeparateReservations, during a rolling change) is found busy, or taken
-// over once its lease expired, by the same statement.
+// reserveHeld reserves c's key in tx, held by tx until it ends: the key's
+// row is written once, by the completion, with the handler's effects and the
+// result (one commit per request). A concurrent request with the same key
+// must not wait for that commit: each first takes an advisory lock of the
+// key in its transaction, and one that does not get it answers 409 at once,
+// as a separate reservation's busy key would. A key reserved by a commit of
+// its own (a server with SeparateReservations, during a rolling change) is
+// found busy, or taken over once its lease expired.
 func (m *Middleware) reserveHeld(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error) {
-	hi, lo := lockID(m.store.Config().Schema, c.Scope)
-	var got bool
-	if err := tx.QueryRow(ctx, lockSQL, hi, lo).Scan(&got); err != nil {
-		return dedup.Reservation{}, fmt.Errorf("lock key: %w", err)
-	}
-	if !got {
-		// A duplicate of a completed key is answered from its row, while
-		// another copy holds the lock only to find it completed too.
-		return keystore.Of(m.store).Refusal(ctx, tx, c)
-	}
-	return keystore.Of(m.store).ReserveTx(ctx, tx, c)
-}
-
-// lockID is the advisory lock of a key in a schema: 64 bits of the hash of
-// both. Two keys that share them (one chance in 2^64) only answer 409 to
-// each other while both run.
-func lockID(schema string, sc dedup.Scope) (hi, lo int32) {
-	h := sha256.Sum256([]byte(schema + "\x00" + sc.KeyHash()))
-	return int32(binary.BigEndian.Uint32(h[0:4])), int32(binary.BigEndian.Uint32(h[4:8]))
+	return keystore.Of(m.store).TryReserveTx(ctx, tx, c)
 }

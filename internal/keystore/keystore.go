@@ -29,6 +29,19 @@ type Keys interface {
 	// leaves the key completed with the default result. The lease is
 	// HeldByTransaction: it needs no heartbeat, and a rollback gives it up.
 	ReserveTx(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error)
+	// TryReserveTx is ReserveTx for a caller that must not wait for another
+	// transaction holding the key (a request answered 409 at once): the
+	// statement takes the key's transaction-scoped advisory lock and writes
+	// only with it, in one round trip. When another transaction holds the
+	// lock, the answer is Refusal's.
+	TryReserveTx(ctx context.Context, tx pgx.Tx, c dedup.Claim) (dedup.Reservation, error)
+	// CompleteCommit completes l's key with r in tx and commits tx in one
+	// round trip, the completion failing the transaction when the lease
+	// was lost (ErrLeaseLost) so that the COMMIT behind it cannot commit
+	// the effects alone. On nil, tx is over but pgx does not know it: do
+	// not Commit or Rollback it; release its connection. On an error, roll
+	// it back.
+	CompleteCommit(ctx context.Context, tx pgx.Tx, l *dedup.Lease, r dedup.Result) error
 	// Refusal is the answer a reservation of c gets from the key's
 	// committed row, without reserving it, for a caller that knows another
 	// transaction holds the key: Duplicate or KeyReuse when the row is
