@@ -276,10 +276,9 @@ func checkClaim(c Claim) error {
 	return nil
 }
 
-// claimRow runs sql, a reservation statement (reserve, reserveHeld,
-// reserveLocked) with the claim's arguments and then extra, and returns
-// the lease it wrote; pgx.ErrNoRows when it wrote none.
-func (s *Store) claimRow(ctx context.Context, q querier, sql string, c Claim, extra ...any) (*Lease, error) {
+// claimRow runs the reservation statement of q (reserveStatement) for c
+// and returns the lease it wrote; pgx.ErrNoRows when it wrote none.
+func (s *Store) claimRow(ctx context.Context, q querier, c Claim) (*Lease, error) {
 	lease := c.Lease
 	if lease <= 0 {
 		lease = s.cfg.Lease
@@ -294,8 +293,9 @@ func (s *Store) claimRow(ctx context.Context, q querier, sql string, c Claim, ex
 		inserted bool
 		until    *time.Time
 	)
-	args := append([]any{c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID)}, extra...)
-	if err := q.QueryRow(ctx, sql, args...).Scan(&l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
+	if err := q.QueryRow(ctx, s.reserveStatement(q),
+		c.Consumer, c.Tenant, key, c.Fingerprint[:], token, lease.Microseconds(), nullable(c.TraceID), nullable(c.SpanID),
+	).Scan(&l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
 		return nil, err
 	}
 	l.TakenOver = !inserted
@@ -309,7 +309,7 @@ func (s *Store) claimRow(ctx context.Context, q querier, sql string, c Claim, ex
 // wrote none, for a bounded number of rounds.
 func (s *Store) reserveRounds(ctx context.Context, q querier, c Claim) (Reservation, error) {
 	for range maxReserveRounds {
-		l, err := s.claimRow(ctx, q, s.reserveStatement(q), c)
+		l, err := s.claimRow(ctx, q, c)
 		if err == nil {
 			return Reservation{Decision: Acquired, Lease: l}, nil
 		}
