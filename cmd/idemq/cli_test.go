@@ -729,6 +729,7 @@ func TestBench(t *testing.T) {
 	reference := []string{
 		"benchref floor: ledger rows, 1 tx, no dedup", "benchref tx1: keys+ledger, 1 tx",
 		"benchref tx2: claim+ledger+complete, 1 tx", "benchref dedup: claim, complete, no effect",
+		"benchref tx2, again",
 	}
 	publish := []string{
 		"bare publish+confirms (window 1000), quorum", "idemq relay batch 100, quorum", "idemq relay batch 500, quorum",
@@ -772,12 +773,23 @@ func TestBench(t *testing.T) {
 		for _, row := range reference {
 			ran(consumeTable, row)
 		}
+		// The targets are printed against the reference's two runs.
+		for _, want := range []string{`batch handler ≥ 100% of tx2: \d+%, (met|missed)`, `default mode ≥ 50% of tx2 \(#32\): \d+%, (met|missed)`} {
+			if !regexp.MustCompile(`(?m)^targets: .*` + want).MatchString(consumeTable) {
+				t.Errorf("the consumer table's targets do not match %q:\n%s", want, consumeTable)
+			}
+		}
 	} else {
 		t.Logf("no ../shared/benchref beside the repository: its rows must say so")
 		for _, row := range reference {
 			if !regexp.MustCompile(`note: ` + regexp.QuoteMeta(row) + `: not run: no benchref module`).MatchString(consumeTable) {
 				t.Errorf("row %q does not say why it did not run:\n%s", row, r.stdout)
 			}
+		}
+	}
+	for _, want := range []string{`relay batch 500 into a quorum queue ≥ 80% of bare: \d+%, (met|missed)`, `forward ≥ 60% of the bare pipe: \d+%, (met|missed)`} {
+		if !regexp.MustCompile(`(?m)^targets: .*` + want).MatchString(publishTable) {
+			t.Errorf("the publishing table's targets do not match %q:\n%s", want, publishTable)
 		}
 	}
 	if strings.Contains(r.stdout, "watermill +") || strings.Contains(r.stdout, "river JobCompleteTx") {

@@ -21,6 +21,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -127,7 +128,10 @@ type Result struct {
 	Rate     float64 // messages settled per second
 	// Ratio is Rate over the bare rows of the same table (consume), or of
 	// the same group (publish: one queue kind, or the forwarding pair).
-	Ratio      float64
+	Ratio float64
+	// RefRatio (consume) is Rate over the reference of the targets: the
+	// mean of the runs of benchref tx2, first and last (0: not run).
+	RefRatio   float64
 	P50, P99   time.Duration
 	PeakRSSKiB int64
 	// CPUPerMsg is the worker process's user+sys time per message;
@@ -177,6 +181,8 @@ type scenario struct {
 	partitions, orderedKeys int
 	// pooled runs the row's worker through Options.PgBouncerURL.
 	pooled bool
+	// ref marks a run of the reference of the targets (benchref tx2).
+	ref bool
 	// server is what an HTTP row serves; paced adds the open-loop
 	// latency at half the row's rate.
 	server httpServer
@@ -187,6 +193,24 @@ type scenario struct {
 
 // benchSchema holds the tables of the idemq runs (dropped and made again).
 const benchSchema = "idemq_bench"
+
+// refWork is the benchref work of the reference of the targets, and
+// refAgain the name of its second run.
+const (
+	refWork  = "tx2"
+	refAgain = "benchref tx2, again"
+)
+
+// The targets of the consumer and publishing tables, as ratios: to the
+// reference (the batch handler, the default mode), to the bare publisher
+// into a quorum queue (the relay), to the bare pipe (forward).
+const (
+	targetBatch        = 1.00
+	targetDefault      = 0.50
+	targetDefaultLater = 0.70
+	targetRelay        = 0.80
+	targetForward      = 0.60
+)
 
 // refSchema holds benchref's tables (its search_path), riverSchema River's.
 const (
@@ -244,7 +268,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		{"tx2", "benchref tx2: claim+ledger+complete, 1 tx"},
 		{"dedup", "benchref dedup: claim, complete, no effect"},
 	} {
-		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work})
+		scenarios = append(scenarios, scenario{name: r.name, kind: runBenchref, work: r.work, ref: r.work == refWork})
 	}
 	// The per-message group rows run the library's default group size.
 	g := consumer.DefaultGroupSize
@@ -275,11 +299,13 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 	if o.RiverDir != "" {
 		scenarios = append(scenarios, scenario{name: fmt.Sprintf("river JobCompleteTx + ledger, %d workers", o.RiverWorkers), kind: runRiver})
 	}
-	// The bare consumer runs first and last: the ratios use the mean of
-	// both, so a machine that speeds up or slows down during the run
-	// does not tilt them.
-	scenarios = append(scenarios, scenario{name: "bare amqp091-go, again", mode: modeBare})
-	scenarios = selectRows(scenarios, only, func(sc scenario) bool { return sc.mode == modeBare })
+	// The bare consumer and the reference of the targets run first and
+	// last: the ratios use the mean of both runs, so a machine that speeds
+	// up or slows down during the run does not tilt them.
+	scenarios = append(scenarios,
+		scenario{name: refAgain, kind: runBenchref, work: refWork, ref: true},
+		scenario{name: "bare amqp091-go, again", mode: modeBare})
+	scenarios = selectRows(scenarios, only, func(sc scenario) bool { return sc.mode == modeBare || sc.ref })
 	// Build the reference consumers and the peers of the rows that run
 	// first, so that the rows run back to back in one window.
 	skips := map[runKind]string{}
@@ -317,6 +343,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		results = append(results, r)
 	}
 	ratios(results, func(i int) bool { return scenarios[i].mode == modeBare && scenarios[i].kind == runIdemqWorker })
+	refRatios(results, func(i int) bool { return scenarios[i].ref })
 
 	var pubs []Result
 	pubScenarios := selectRows(publishScenarios(), only, func(sc scenario) bool { return sc.bare })
@@ -466,6 +493,19 @@ func ratios(rs []Result, isBase func(int) bool) {
 	}
 }
 
+// refRatios sets each row's RefRatio to its rate over the mean rate of the
+// reference rows (isRef(i)); without one that ran, RefRatio stays 0.
+func refRatios(rs []Result, isRef func(int) bool) {
+	base := slices.Clone(rs)
+	for i := range base {
+		base[i].Ratio = 0
+	}
+	ratios(base, isRef)
+	for i := range rs {
+		rs[i].RefRatio = base[i].Ratio
+	}
+}
+
 // runRow prints the row's progress and measures it, with the servers' CPU
 // read before and after.
 func (b *bench) runRow(ctx context.Context, out io.Writer, sc scenario, run func(context.Context, scenario, func() measured) (Result, error)) (Result, error) {
@@ -548,19 +588,41 @@ func cpu(d time.Duration) string {
 
 func printTable(out io.Writer, results []Result, last serverCPU) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tmsg/s\tvs bare\tp50\tp99\tpeak RSS\tCPU/msg\tpg/msg\tmq/msg\tall/msg\t")
+	fmt.Fprintln(tw, "scenario\tmsg/s\tvs bare\tvs tx2\tp50\tp99\tpeak RSS\tCPU/msg\tpg/msg\tmq/msg\tall/msg\t")
 	for _, r := range results {
 		if r.Rate == 0 && r.Note != "" {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Scenario)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%d MiB\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio,
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%s\t%s\t%s\t%d MiB\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.Rate, 100*r.Ratio, percent(r.RefRatio),
 			lat(r.P50), lat(r.P99), r.PeakRSSKiB/1024, cpu(r.CPUPerMsg), cpu(r.PGPerMsg), cpu(r.MQPerMsg), cpu(r.AllPerMsg))
 	}
 	tw.Flush()
 	fmt.Fprintln(out, "vs bare: to the mean of the two bare runs (first and last). p50/p99: publish to ack of paced messages, after a warm-up (idemq: after the effect's commit). msg/s: first delivery to last settle (benchref: from its consume call).")
+	fmt.Fprintln(out, "vs tx2: to the mean of the two runs of benchref tx2 (the reference of the targets), first and last.")
 	fmt.Fprintln(out, "CPU/msg: the consumer process; pg/msg, mq/msg: the servers during the row ("+last.describe()+", whatever else uses them); all/msg: the three together.")
+	var targets []string
+	for _, r := range results {
+		switch r.Scenario {
+		case "idemq batch handler 100":
+			targets = append(targets, target(fmt.Sprintf("batch handler ≥ %.0f%% of tx2", 100*targetBatch), r.RefRatio > 0, r.RefRatio >= targetBatch, percent(r.RefRatio)))
+		case fmt.Sprintf("idemq per-message, group commit %d", consumer.DefaultGroupSize):
+			targets = append(targets, target(fmt.Sprintf("default mode ≥ %.0f%% of tx2 (#32)", 100*targetDefault), r.RefRatio > 0, r.RefRatio >= targetDefault, percent(r.RefRatio)),
+				target(fmt.Sprintf("≥ %.0f%% (#37)", 100*targetDefaultLater), r.RefRatio > 0, r.RefRatio >= targetDefaultLater, percent(r.RefRatio)))
+		}
+	}
+	if len(targets) > 0 {
+		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
+	}
 	printNotes(out, results)
+}
+
+// percent prints a ratio, or "-" when there is none.
+func percent(ratio float64) string {
+	if ratio <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*ratio)
 }
 
 func printPublishTable(out io.Writer, results []Result) {
@@ -576,6 +638,18 @@ func printPublishTable(out io.Writer, results []Result) {
 	}
 	tw.Flush()
 	fmt.Fprintln(out, "vs bare: relay rows to the mean of the bare publisher runs into the same queue kind (before and after); forward to the mean of the two bare pipe runs. msg/s: worker start (connections included) to the last confirm recorded.")
+	var targets []string
+	for _, r := range results {
+		switch r.Scenario {
+		case "idemq relay batch 500, quorum":
+			targets = append(targets, target(fmt.Sprintf("relay batch 500 into a quorum queue ≥ %.0f%% of bare", 100*targetRelay), r.Ratio > 0, r.Ratio >= targetRelay, percent(r.Ratio)))
+		case "idemq forward: claim, outbox, relay":
+			targets = append(targets, target(fmt.Sprintf("forward ≥ %.0f%% of the bare pipe", 100*targetForward), r.Ratio > 0, r.Ratio >= targetForward, percent(r.Ratio)))
+		}
+	}
+	if len(targets) > 0 {
+		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
+	}
 	printNotes(out, results)
 }
 

@@ -507,7 +507,7 @@ func printHTTPTable(out io.Writer, results []Result, paced []pacedHTTP) {
 		targets = append(targets, target("p99 < "+targetPacedP99.String()+" at half the guarded max rate", true, paced[0].P99 < targetPacedP99, lat(paced[0].P99)))
 	}
 	if len(targets) > 0 {
-		fmt.Fprintln(out, "targets (issue #37): "+strings.Join(targets, "; "))
+		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
 	}
 	printNotes(out, results)
 }

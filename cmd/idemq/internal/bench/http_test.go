@@ -50,7 +50,7 @@ func TestHTTPRows(t *testing.T) {
 			t.Errorf("%s: %d failed requests", r.Scenario, r.Failed)
 		}
 	}
-	for _, want := range []string{"HTTP front door  req/s  vs bare", "paced, open loop: http idemhttp: the same handler, guarded at ", "paced, open loop: http bare: POST, one INSERT in one tx at ", "targets (issue #37): guarded ≥ 70% of bare: "} {
+	for _, want := range []string{"HTTP front door  req/s  vs bare", "paced, open loop: http idemhttp: the same handler, guarded at ", "paced, open loop: http bare: POST, one INSERT in one tx at ", "targets: guarded ≥ 70% of bare: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the output:\n%s", want, out.String())
 		}
