@@ -82,6 +82,7 @@ type Consumer struct {
 	deathReserve int // see deathReserve
 	log          *slog.Logger
 	tracer       trace.Tracer
+	processSpan  processSpan
 	prop         propagation.TextMapPropagator
 	metrics      *metrics
 	running      atomic.Bool
@@ -225,6 +226,7 @@ func newConsumer(store *dedup.Store, h Handler, bh BatchHandler, c Config) (*Con
 		deathReserve: deathReserve(topo),
 		log:          c.Logger.With("queue", c.Queue, "consumer", c.Name),
 		tracer:       tp.Tracer(instrumentation),
+		processSpan:  newProcessSpan(c.Queue, c.Name),
 		prop:         prop,
 		metrics:      m,
 	}

@@ -54,18 +54,35 @@ func (c *Consumer) begin(ctx context.Context, d *amqp.Delivery) *item {
 		attempt = wire.ParseAttempt(d.Headers)
 	}
 	parent := c.prop.Extract(ctx, c.traceCarrier(msgspan.Headers(d.Headers)))
-	ctx, span := c.tracer.Start(parent, c.cfg.Queue+" process",
+	ctx, span := c.tracer.Start(parent, c.processSpan.name, c.processSpan.start...)
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
+			attribute.Int("messaging.message.body.size", len(d.Body)),
+			attribute.Int("idemq.attempt", attempt))
+	}
+	return &item{d: d, ctx: ctx, span: span, start: time.Now(), attempt: attempt, verified: verified}
+}
+
+// processSpan is what every delivery's process span starts with: its name
+// and the attributes that are the same for every delivery, built once, so
+// that a consumer whose tracer records nothing allocates none of them per
+// message (the attributes of each delivery are set when the span records).
+type processSpan struct {
+	name  string
+	start []trace.SpanStartOption
+}
+
+func newProcessSpan(queue, name string) processSpan {
+	return processSpan{name: queue + " process", start: []trace.SpanStartOption{
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "rabbitmq"),
 			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", c.cfg.Queue),
-			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
-			attribute.String(attrConsumer, c.cfg.Name),
-			attribute.Int("messaging.message.body.size", len(d.Body)),
-			attribute.Int("idemq.attempt", attempt),
-		))
-	return &item{d: d, ctx: ctx, span: span, start: time.Now(), attempt: attempt, verified: verified}
+			attribute.String("messaging.destination.name", queue),
+			attribute.String(attrConsumer, name),
+		),
+	}}
 }
 
 // finish ends the span and reports the event.
@@ -76,12 +93,14 @@ func (c *Consumer) finish(it *item) {
 		ev.TraceID = sc.TraceID().String()
 	}
 	ev.Duration = time.Since(it.start)
-	it.span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
-	if ev.Reason != "" {
-		it.span.SetAttributes(attribute.String("idemq.reason", ev.Reason))
-	}
-	if ev.Err != nil && ev.Outcome != OutcomeRejected {
-		it.span.SetStatus(codes.Error, redact.Error(ev.Err))
+	if it.span.IsRecording() {
+		it.span.SetAttributes(attribute.String("idemq.outcome", string(ev.Outcome)))
+		if ev.Reason != "" {
+			it.span.SetAttributes(attribute.String("idemq.reason", ev.Reason))
+		}
+		if ev.Err != nil && ev.Outcome != OutcomeRejected {
+			it.span.SetStatus(codes.Error, redact.Error(ev.Err))
+		}
 	}
 	it.span.End()
 	c.metrics.deliveries.Add(it.ctx, 1, c.metrics.withLabel("outcome", string(ev.Outcome)))
@@ -126,12 +145,14 @@ func (c *Consumer) prepare(s *session, it *item) bool {
 	}
 	scope := dedup.Scope{Consumer: c.cfg.Name, Tenant: tenant, Key: key}
 	it.ev = Event{KeyHash: scope.KeyHash(), Tenant: tenant, scoped: true}
-	it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
-	if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
-		it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
-	}
-	if c.cfg.LogKeys {
-		it.span.SetAttributes(attribute.String("idemq.key", key))
+	if it.span.IsRecording() {
+		it.span.SetAttributes(attribute.String("idemq.key_hash", it.ev.KeyHash), attribute.String("idemq.tenant", tenant))
+		if d.MessageId != "" && (c.cfg.LogKeys || d.MessageId != key) {
+			it.span.SetAttributes(attribute.String("messaging.message.id", d.MessageId))
+		}
+		if c.cfg.LogKeys {
+			it.span.SetAttributes(attribute.String("idemq.key", key))
+		}
 	}
 	fp, err := c.cfg.Fingerprint(payload)
 	if err != nil {
