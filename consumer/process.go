@@ -32,7 +32,8 @@ type item struct {
 	ev       Event
 	claim    dedup.Claim
 	lease    *dedup.Lease
-	del      *Delivery
+	del      *Delivery // &delivery once the key is acquired
+	delivery Delivery  // one allocation with the item
 	// hctx is the context of the item's handler: it ends with
 	// errLeaseLostByBeat when the heartbeat finds the lease lost (hcancel).
 	hctx    context.Context
@@ -206,7 +207,7 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 	d := it.d
 	it.lease = lease
 	origExchange, origRoutingKey := wire.Origin(d)
-	it.del = &Delivery{
+	it.delivery = Delivery{
 		Key: it.claim.Key, Tenant: it.claim.Tenant, Attempt: it.attempt,
 		Body: d.Body, Headers: d.Headers, MessageID: d.MessageId, ContentType: d.ContentType,
 		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
@@ -215,6 +216,7 @@ func (c *Consumer) acquire(it *item, lease *dedup.Lease) {
 		OriginalExchange: origExchange, OriginalRoutingKey: origRoutingKey,
 		lease: lease, store: c.store, order: it.order,
 	}
+	it.del = &it.delivery
 	if c.crash != nil {
 		it.del.crash = func(stage kit.Stage, step string, txs ...pgx.Tx) { c.crashAt(stage, step, []*item{it}, txs...) }
 	}

@@ -122,14 +122,20 @@ func (s *Store) reserveSorted(ctx context.Context, q querier, claims []Claim) ([
 		return nil, interpretError("reserve keys", err)
 	}
 	decided := 0
+	slab := make([]Lease, n) // the batch's leases, in one allocation
 	for rows.Next() {
+		if decided == n {
+			rows.Close()
+			return nil, errors.New("reserve keys: the statement returned more rows than keys claimed")
+		}
 		var (
 			row      Scope
-			l        = &Lease{held: isTx(q)}
+			l        = &slab[decided]
 			inserted bool
 			token    *[16]byte
 			until    *time.Time
 		)
+		l.held = isTx(q)
 		if err := rows.Scan(&row.Consumer, &row.Tenant, &row.Key, &token, &l.Attempts, &until, &l.RecoveryPoint, &l.RecoveryData, &l.Steps, &inserted); err != nil {
 			rows.Close()
 			return nil, interpretError("reserve keys", err)
