@@ -61,11 +61,8 @@ func testBlackHoled(t *testing.T, m mode, trigger []byte) {
 	const n = 4
 	h := newHarness(t, m, func(c *consumer.Config) {
 		c.Concurrency = 1
-		c.Group.Size, c.Group.Optimistic, c.Group.Linger = n, m.Optimistic(), time.Second
-		if m.Single() {
-			c.Group.Size = 1
-		}
-		c.SeparateReservations = m.Separate()
+		c.Group.Size, c.Group.Linger = n, time.Second
+		m.Apply(c) // groups of n, or of one in the single modes
 		c.StoreTimeout, c.HandlerTimeout = time.Second, 2*time.Second
 		c.Lease = 2 * time.Second
 		c.MaxAttempts = 10 // retries while the database is away must not dead-letter

@@ -1,30 +1,21 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/internal/testjaeger"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-)
-
-// Defaults of the local Jaeger started by deploy/jaeger/run.sh.
-const (
-	defaultJaegerQuery = "http://127.0.0.1:16686"
-	defaultOTLP        = "127.0.0.1:4317"
 )
 
 // jaeger is a Jaeger reachable by OTLP gRPC (otlp) and its query API (query).
@@ -32,111 +23,12 @@ type jaeger struct {
 	query, otlp string
 }
 
-// startJaeger returns a running Jaeger. Unless IDEMQ_TEST_JAEGER_QUERY_URL
-// names one, it uses the local one of deploy/jaeger, starting it with run.sh
-// when it does not answer (and stopping it when tb ends, then).
+// startJaeger returns a running Jaeger: the test binary's own, or the one
+// IDEMQ_TEST_JAEGER_QUERY_URL names (testjaeger.Start; TestMain stops it).
 func startJaeger(tb testing.TB) *jaeger {
 	tb.Helper()
-	j := &jaeger{query: defaultJaegerQuery, otlp: defaultOTLP}
-	if v := os.Getenv("IDEMQ_TEST_OTLP_ENDPOINT"); v != "" {
-		j.otlp = v
-	}
-	if v := os.Getenv("IDEMQ_TEST_JAEGER_QUERY_URL"); v != "" {
-		j.query = strings.TrimRight(v, "/")
-		if !j.answers() {
-			tb.Fatalf("jaeger: IDEMQ_TEST_JAEGER_QUERY_URL=%s does not answer on /api/services", j.query)
-		}
-		return j
-	}
-	if j.answers() {
-		return j
-	}
-	dir, err := filepath.Abs(filepath.Join("..", "deploy", "jaeger"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	budget := 2 * time.Minute
-	if !jaegerBuilt(dir) {
-		// A cold build takes about 10 minutes on 2 cores: allow it, but
-		// only within the test binary's own deadline.
-		budget = 20 * time.Minute
-		if dl, ok := deadline(tb); ok {
-			budget = min(budget, time.Until(dl)-3*time.Minute)
-		}
-		if budget < 12*time.Minute {
-			tb.Fatalf("jaeger: the local Jaeger is not built and a cold build takes about 10 minutes, more than "+
-				"this test run allows: run %s/build.sh once (or go test -timeout 30m)", dir)
-		}
-		tb.Logf("jaeger: building the local Jaeger first (about 10 minutes)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "run.sh"))
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		tb.Fatalf("jaeger: %s/run.sh: %v\n%s", dir, err, out)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, filepath.Join(dir, "stop.sh")).CombinedOutput(); err != nil {
-			tb.Logf("jaeger: stop.sh: %v\n%s", err, out)
-		}
-	})
-	if !j.answers() {
-		tb.Fatalf("jaeger: run.sh succeeded but %s does not answer\n%s", j.query, out)
-	}
-	return j
-}
-
-func deadline(tb testing.TB) (time.Time, bool) {
-	if t, ok := tb.(interface{ Deadline() (time.Time, bool) }); ok {
-		return t.Deadline()
-	}
-	return time.Time{}, false
-}
-
-// jaegerBuilt reports whether the binary build.sh would produce exists: its
-// cache directory is named after the Jaeger module version in dir/go.mod.
-func jaegerBuilt(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, "go.mod"))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var version string
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		fields := strings.Fields(sc.Text())
-		for i, fld := range fields {
-			if fld == "github.com/jaegertracing/jaeger" && i+1 < len(fields) {
-				version = fields[i+1]
-			}
-		}
-	}
-	if version == "" {
-		return false
-	}
-	cache := os.Getenv("IDEMQ_CACHE_DIR")
-	if cache == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return false
-		}
-		cache = filepath.Join(home, ".cache", "idemq")
-	}
-	_, err = os.Stat(filepath.Join(cache, "jaeger-"+version, "jaeger"))
-	return err == nil
-}
-
-func (j *jaeger) answers() bool {
-	client := http.Client{Timeout: 2 * time.Second}
-	resp, err := client.Get(j.query + "/api/services")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	j := testjaeger.Start(tb)
+	return &jaeger{query: j.Query, otlp: j.OTLP}
 }
 
 // tracerProvider returns an SDK provider exporting to j over OTLP gRPC with

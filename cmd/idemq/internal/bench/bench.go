@@ -316,6 +316,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) ([]Result, error) {
 		switch sc.kind {
 		case runBenchref:
 			skips[sc.kind] = b.buildBenchref(ctx, out)
+			if why := skips[sc.kind]; why != "" && o.BenchrefDir != "" {
+				// Said before the rows run, not only under the table: a
+				// full run without it has no ratios to the targets' base.
+				fmt.Fprintf(out, "the reference consumers will not run (%s): the vs tx2 column and the consumer table's targets stay empty\n", why)
+			}
 		case runWatermill:
 			skips[sc.kind] = b.buildPeer(ctx, out, o.WatermillDir, "bench-watermill", "Watermill peer", &b.watermillBin)
 		case runRiver:
