@@ -381,13 +381,13 @@ func (r *Relay) startSpan(ctx context.Context, w *row, headers amqp.Table) (cont
 		"traceparent": w.traceparent, "tracestate": w.tracestate,
 	})
 	parent = r.prop.Extract(parent, msgspan.Headers(headers))
-	return msgspan.StartPublish(parent, r.tracer, msgspan.Publish{
+	ctx, span := msgspan.StartPublish(parent, r.tracer, msgspan.Publish{
 		Exchange: w.exchange, RoutingKey: w.routingKey, MessageID: w.messageID,
-		Attributes: []attribute.KeyValue{
-			attribute.Int64("idemq.outbox.id", w.id),
-			attribute.Int("idemq.outbox.attempt", w.attempts+1),
-		},
 	})
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Int64("idemq.outbox.id", w.id), attribute.Int("idemq.outbox.attempt", w.attempts+1))
+	}
+	return ctx, span
 }
 
 // awaitConfirms waits for the result of every publish of the batch (its

@@ -40,28 +40,38 @@ func (p Publish) Destination() string {
 	return p.Exchange
 }
 
-// StartPublish starts the producer span of p as a child of ctx's span.
+// publishAttributes are the conventions' attributes that every publish
+// span has, built once.
+var publishAttributes = trace.WithAttributes(
+	attribute.String("messaging.system", "rabbitmq"),
+	attribute.String("messaging.operation.type", "send"),
+	attribute.String("messaging.operation.name", "publish"),
+)
+
+// StartPublish starts the producer span of p as a child of ctx's span. The
+// span starts with the system, the operation and the destination (what a
+// sampler may decide by); the routing key, the message id and
+// p.Attributes are set when the span records, so that a process that does
+// not trace allocates none of them per message.
 func StartPublish(ctx context.Context, tracer trace.Tracer, p Publish) (context.Context, trace.Span) {
 	dest := p.Destination()
 	name := p.Name
 	if name == "" {
 		name = dest + " publish"
 	}
-	attrs := make([]attribute.KeyValue, 0, 6+len(p.Attributes))
-	attrs = append(attrs,
-		attribute.String("messaging.system", "rabbitmq"),
-		attribute.String("messaging.operation.type", "send"),
-		attribute.String("messaging.operation.name", "publish"),
-		attribute.String("messaging.destination.name", dest),
-	)
+	ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), publishAttributes,
+		trace.WithAttributes(attribute.String("messaging.destination.name", dest)))
+	if !span.IsRecording() {
+		return ctx, span
+	}
 	if p.RoutingKey != "" {
-		attrs = append(attrs, attribute.String("messaging.rabbitmq.destination.routing_key", p.RoutingKey))
+		span.SetAttributes(attribute.String("messaging.rabbitmq.destination.routing_key", p.RoutingKey))
 	}
 	if p.MessageID != "" {
-		attrs = append(attrs, attribute.String("messaging.message.id", p.MessageID))
+		span.SetAttributes(attribute.String("messaging.message.id", p.MessageID))
 	}
-	attrs = append(attrs, p.Attributes...)
-	return tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	span.SetAttributes(p.Attributes...)
+	return ctx, span
 }
 
 // Headers adapts amqp.Table to OpenTelemetry's TextMapCarrier: a
