@@ -482,6 +482,26 @@ func groupRatios(scs []scenario, rs []Result) {
 // ratios sets each row's Ratio to its rate over the mean rate of the base
 // rows (isBase(i)); rows without a base keep 0.
 func ratios(rs []Result, isBase func(int) bool) {
+	if base := meanRate(rs, isBase); base > 0 {
+		for i := range rs {
+			rs[i].Ratio = rs[i].Rate / base
+		}
+	}
+}
+
+// refRatios sets each row's RefRatio to its rate over the mean rate of the
+// reference rows (isRef(i)); without one that ran, RefRatio stays 0.
+func refRatios(rs []Result, isRef func(int) bool) {
+	if base := meanRate(rs, isRef); base > 0 {
+		for i := range rs {
+			rs[i].RefRatio = rs[i].Rate / base
+		}
+	}
+}
+
+// meanRate is the mean rate of the rows that ran among those of isBase,
+// or 0 when none did.
+func meanRate(rs []Result, isBase func(int) bool) float64 {
 	var sum float64
 	var n int
 	for i, r := range rs {
@@ -491,23 +511,15 @@ func ratios(rs []Result, isBase func(int) bool) {
 		}
 	}
 	if n == 0 {
-		return
+		return 0
 	}
-	for i := range rs {
-		rs[i].Ratio = rs[i].Rate / (sum / float64(n))
-	}
+	return sum / float64(n)
 }
 
-// refRatios sets each row's RefRatio to its rate over the mean rate of the
-// reference rows (isRef(i)); without one that ran, RefRatio stays 0.
-func refRatios(rs []Result, isRef func(int) bool) {
-	base := slices.Clone(rs)
-	for i := range base {
-		base[i].Ratio = 0
-	}
-	ratios(base, isRef)
-	for i := range rs {
-		rs[i].RefRatio = base[i].Ratio
+// printTargets prints a table's targets line, when it has any.
+func printTargets(out io.Writer, targets []string) {
+	if len(targets) > 0 {
+		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
 	}
 }
 
@@ -616,9 +628,7 @@ func printTable(out io.Writer, results []Result, last serverCPU) {
 				target(fmt.Sprintf("≥ %.0f%% (#37)", 100*targetDefaultLater), r.RefRatio > 0, r.RefRatio >= targetDefaultLater, percent(r.RefRatio)))
 		}
 	}
-	if len(targets) > 0 {
-		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
-	}
+	printTargets(out, targets)
 	printNotes(out, results)
 }
 
@@ -652,9 +662,7 @@ func printPublishTable(out io.Writer, results []Result) {
 			targets = append(targets, target(fmt.Sprintf("forward ≥ %.0f%% of the bare pipe", 100*targetForward), r.Ratio > 0, r.Ratio >= targetForward, percent(r.Ratio)))
 		}
 	}
-	if len(targets) > 0 {
-		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
-	}
+	printTargets(out, targets)
 	printNotes(out, results)
 }
 

@@ -506,9 +506,7 @@ func printHTTPTable(out io.Writer, results []Result, paced []pacedHTTP) {
 	if len(paced) > 0 {
 		targets = append(targets, target("p99 < "+targetPacedP99.String()+" at half the guarded max rate", true, paced[0].P99 < targetPacedP99, lat(paced[0].P99)))
 	}
-	if len(targets) > 0 {
-		fmt.Fprintln(out, "targets: "+strings.Join(targets, "; "))
-	}
+	printTargets(out, targets)
 	printNotes(out, results)
 }
 
